@@ -1,0 +1,1 @@
+"""Pallas kernels, each beside a pure-jnp reference (see STYLE.md)."""

@@ -1,0 +1,193 @@
+"""Hugging Face checkpoints <-> specjax params.
+
+A folder holds `config.json`, the weights as `model.safetensors` or as shards listed in
+`model.safetensors.index.json`, and optionally `tokenizer.json`. Paths only: nothing is fetched
+from a hub. Tensor names map mechanically onto the NNX param paths (the module attributes mirror
+transformers'); linear kernels are stored transposed (`[out, in]` in torch, `[in, out]` in Flax).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Iterator
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from safetensors import SafetensorError, safe_open
+from safetensors.flax import save_file
+
+from specjax.models import decoder
+from specjax.models.config import ModelConfig
+from specjax.target import Target
+
+_INDEX = "model.safetensors.index.json"
+_SINGLE = "model.safetensors"
+# Buffers some exporters write that carry no parameters.
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def hf_name(path: tuple) -> str:
+  """NNX param path -> transformers tensor name."""
+  *mods, leaf = (str(p) for p in path)
+  leaf = {"kernel": "weight", "embedding": "weight"}.get(leaf, leaf)
+  prefix = [] if mods[0] == "lm_head" else ["model"]
+  return ".".join(prefix + mods + [leaf])
+
+
+def _is_kernel(path: tuple) -> bool:
+  return str(path[-1]) == "kernel"
+
+
+def _flat_params(params: nnx.State) -> dict[tuple, jax.Array]:
+  return {path: leaf for path, leaf in nnx.to_flat_state(params)}
+
+
+def to_hf_tensors(params: nnx.State) -> dict[str, jax.Array]:
+  """HF-named tensors of `params`, kernels transposed to torch's `[out, in]`."""
+  out = {}
+  for path, var in _flat_params(params).items():
+    value = var[...] if hasattr(var, "get_value") or hasattr(var, "value") else var
+    out[hf_name(path)] = jnp.transpose(value) if _is_kernel(path) else value
+  return out
+
+
+# -- reading -----------------------------------------------------------------------------------
+
+
+def _weight_files(path: str) -> tuple[list[str], dict[str, str] | None]:
+  index = os.path.join(path, _INDEX)
+  if os.path.exists(index):
+    try:
+      with open(index) as f:
+        weight_map = json.load(f)["weight_map"]
+    except (json.JSONDecodeError, KeyError) as e:
+      raise ValueError(f"corrupt shard index {index}: {e}") from e
+    files = sorted(set(weight_map.values()))
+    for name in files:
+      if not os.path.exists(os.path.join(path, name)):
+        raise ValueError(f"shard {name} listed in {index} is missing")
+    return files, weight_map
+  if os.path.exists(os.path.join(path, _SINGLE)):
+    return [_SINGLE], None
+  raise ValueError(f"no weights in {path}: expected {_SINGLE} or {_INDEX}")
+
+
+def _iter_tensors(path: str) -> Iterator[tuple[str, jax.Array]]:
+  files, _ = _weight_files(path)
+  for name in files:
+    file = os.path.join(path, name)
+    try:
+      with safe_open(file, framework="flax") as f:
+        for key in f.keys():
+          yield key, f.get_tensor(key)
+    except (SafetensorError, OSError) as e:
+      raise ValueError(f"cannot read weights file {file}: {e}") from e
+
+
+def params_from_hf_tensors(cfg: ModelConfig, tensors: dict[str, jax.Array]) -> nnx.State:
+  """Builds params from HF-named tensors; every expected tensor must be present with its shape."""
+  abstract = decoder.abstract_params(cfg)
+  expected = {hf_name(p): p for p, _ in nnx.to_flat_state(abstract)}
+  unexpected = sorted(set(tensors) - set(expected) - {"lm_head.weight"}
+                      - {k for k in tensors if k.endswith(_IGNORED_SUFFIXES)})
+  if unexpected:
+    raise ValueError(f"checkpoint has tensors this {cfg.hf_architecture} config does not use: "
+                     f"{unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}")
+  if "lm_head.weight" in tensors and "lm_head.weight" not in expected and not np.array_equal(
+      np.asarray(tensors["lm_head.weight"]),
+      np.asarray(tensors.get("model.embed_tokens.weight"))):
+    raise ValueError("config says tie_word_embeddings=true but lm_head.weight differs from "
+                     "model.embed_tokens.weight")
+  flat = []
+  for path, var in nnx.to_flat_state(abstract):
+    name = hf_name(path)
+    if name not in tensors:
+      raise ValueError(f"missing tensor {name!r} in checkpoint")
+    value = tensors[name]
+    value = jnp.transpose(value) if _is_kernel(path) else value
+    if value.shape != var.shape:
+      raise ValueError(f"tensor {name!r} has shape {tuple(tensors[name].shape)}, expected "
+                       f"{tuple(reversed(var.shape)) if _is_kernel(path) else tuple(var.shape)}"
+                       f" for this config")
+    flat.append((path, var.replace(jnp.asarray(value, dtype=var.dtype))))
+  return nnx.from_flat_state(flat)
+
+
+def load_target(path: str | os.PathLike, dtype: str | None = None, *,
+                attention_impl: str = "xla", tokenizer: bool = True) -> Target:
+  """Loads an HF-format folder (config.json + safetensors [+ tokenizer.json]) as a `Target`.
+
+  dtype: "float32" or "bfloat16" (default: the checkpoint's own dtype).
+  """
+  path = os.fspath(path)
+  config_file = os.path.join(path, "config.json")
+  if not os.path.isdir(path):
+    raise ValueError(f"checkpoint folder {path} does not exist")
+  if not os.path.exists(config_file):
+    raise ValueError(f"{path} has no config.json")
+  overrides = {"attention_impl": attention_impl}
+  if dtype is not None:
+    overrides["dtype"] = dtype
+  cfg = ModelConfig.from_json_file(config_file, **overrides)
+  params = params_from_hf_tensors(cfg, dict(_iter_tensors(path)))
+  tok = None
+  if tokenizer and os.path.exists(os.path.join(path, "tokenizer.json")):
+    from specjax.interop.tokenizer import load_tokenizer
+    tok = load_tokenizer(os.path.join(path, "tokenizer.json"), vocab_size=cfg.vocab_size)
+  return Target(cfg, params, tok)
+
+
+# -- writing -----------------------------------------------------------------------------------
+
+
+def save_hf(target: Target, path: str | os.PathLike, *, max_shard_bytes: int = 2 << 30,
+            extra_files: dict[str, str] | None = None) -> None:
+  """Writes `target` as a folder that `transformers.AutoModelForCausalLM.from_pretrained` loads.
+
+  Weights above `max_shard_bytes` are split into shards with a `model.safetensors.index.json`.
+  """
+  path = os.fspath(path)
+  os.makedirs(path, exist_ok=True)
+  with open(os.path.join(path, "config.json"), "w") as f:
+    json.dump(target.config.to_hf_dict(), f, indent=2)
+  gen = {"bos_token_id": target.config.bos_token_id,
+         "eos_token_id": list(target.config.eos_token_id) or None, "do_sample": False}
+  with open(os.path.join(path, "generation_config.json"), "w") as f:
+    json.dump(gen, f, indent=2)
+  tensors = to_hf_tensors(target.params)
+  shards = _shard(tensors, max_shard_bytes)
+  for stale in (_SINGLE, _INDEX):  # never leave a stale single file beside a new index
+    if os.path.exists(os.path.join(path, stale)):
+      os.remove(os.path.join(path, stale))
+  if len(shards) == 1:
+    save_file(shards[0], os.path.join(path, _SINGLE), metadata={"format": "pt"})
+  else:
+    weight_map = {}
+    for i, shard in enumerate(shards):
+      name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+      save_file(shard, os.path.join(path, name), metadata={"format": "pt"})
+      weight_map.update({k: name for k in shard})
+    total = sum(int(v.nbytes) for v in tensors.values())
+    with open(os.path.join(path, _INDEX), "w") as f:
+      json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+  if target.tokenizer is not None:
+    target.tokenizer.save(os.path.join(path, "tokenizer.json"))
+  for name, text in (extra_files or {}).items():
+    with open(os.path.join(path, name), "w") as f:
+      f.write(text)
+
+
+def _shard(tensors: dict[str, jax.Array], max_bytes: int) -> list[dict[str, jax.Array]]:
+  shards: list[dict[str, jax.Array]] = [{}]
+  size = 0
+  for name in sorted(tensors):
+    nbytes = int(tensors[name].nbytes)
+    if shards[-1] and size + nbytes > max_bytes:
+      shards.append({})
+      size = 0
+    shards[-1][name] = jnp.asarray(tensors[name])
+    size += nbytes
+  return shards

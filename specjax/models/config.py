@@ -1,0 +1,233 @@
+"""Model configuration for the Llama / Qwen2 / Qwen3 decoder family.
+
+`ModelConfig` is frozen and hashable so it can be a static `jax.jit` argument. It is read from and
+written to Hugging Face `config.json` dictionaries, accepting both the transformers 4.x spelling
+(`rope_theta` + `rope_scaling`) and the 5.x spelling (`rope_parameters`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Literal
+
+import jax.numpy as jnp
+
+Architecture = Literal["llama", "qwen2", "qwen3"]
+AttentionImpl = Literal["xla", "pallas"]
+
+# HF `architectures[0]` and `model_type` -> our family name.
+_HF_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+_HF_MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+_ARCH_TO_HF = {v: k for k, v in _HF_ARCHITECTURES.items()}
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+_ROPE_TYPES = ("default", "llama3", "linear")
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+  """RoPE frequency scaling. `rope_type` is one of "default", "llama3", "linear"."""
+
+  rope_type: str = "default"
+  factor: float = 1.0
+  low_freq_factor: float = 1.0  # llama3 only
+  high_freq_factor: float = 4.0  # llama3 only
+  original_max_position_embeddings: int = 8192  # llama3 only
+
+  def __post_init__(self):
+    if self.rope_type not in _ROPE_TYPES:
+      raise ValueError(
+          f"unsupported rope scaling type {self.rope_type!r}; supported: {_ROPE_TYPES}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """A decoder-only transformer of the Llama family (Llama 2/3, Qwen2, Qwen3).
+
+  The differences between the three are flags: Qwen2 adds biases to q/k/v, Qwen3 adds RMSNorm on
+  queries and keys per head and lets `head_dim` differ from `hidden_size / num_heads`.
+  """
+
+  architecture: Architecture = "llama"
+  vocab_size: int = 32000
+  hidden_size: int = 4096  # E
+  intermediate_size: int = 11008
+  num_layers: int = 32  # L
+  num_heads: int = 32  # H
+  num_kv_heads: int = 32  # K; == H is MHA, 1 is MQA, otherwise GQA
+  head_dim: int = 128  # D
+  rms_norm_eps: float = 1e-6
+  rope_theta: float = 10000.0
+  rope_scaling: RopeScaling = RopeScaling()
+  max_position_embeddings: int = 4096
+  tie_word_embeddings: bool = False
+  qkv_bias: bool = False
+  o_bias: bool = False
+  mlp_bias: bool = False
+  qk_norm: bool = False
+  bos_token_id: int | None = None
+  eos_token_id: tuple[int, ...] = ()
+  dtype: str = "float32"  # parameter and activation dtype
+  attention_impl: AttentionImpl = "xla"
+
+  def __post_init__(self):
+    if self.architecture not in _ARCH_TO_HF:
+      raise ValueError(f"unknown architecture {self.architecture!r}; "
+                       f"supported: {sorted(_ARCH_TO_HF)}")
+    if self.num_heads % self.num_kv_heads:
+      raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
+                       f"({self.num_kv_heads})")
+    if self.dtype not in _DTYPES:
+      raise ValueError(f"unsupported dtype {self.dtype!r}; supported: {sorted(_DTYPES)}")
+    if self.attention_impl not in ("xla", "pallas"):
+      raise ValueError(f"unknown attention_impl {self.attention_impl!r}; use 'xla' or 'pallas'")
+    for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                 "head_dim", "max_position_embeddings"):
+      if getattr(self, name) <= 0:
+        raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+
+  @property
+  def jnp_dtype(self):
+    return _DTYPES[self.dtype]
+
+  @property
+  def hf_architecture(self) -> str:
+    return _ARCH_TO_HF[self.architecture]
+
+  def replace(self, **changes) -> "ModelConfig":
+    return dataclasses.replace(self, **changes)
+
+  # -- Hugging Face config.json ------------------------------------------------------------------
+
+  @classmethod
+  def from_hf_dict(cls, d: dict[str, Any], **overrides) -> "ModelConfig":
+    """Builds a config from a parsed HF `config.json`; raises ValueError on what we cannot run."""
+    arch = _architecture_of(d)
+    num_heads = d["num_attention_heads"]
+    hidden = d["hidden_size"]
+    head_dim = d.get("head_dim") or hidden // num_heads
+    act = d.get("hidden_act", "silu")
+    if act != "silu":
+      raise ValueError(f"unsupported hidden_act {act!r}; the Llama/Qwen family uses 'silu'")
+    if d.get("use_sliding_window"):
+      raise ValueError("sliding-window attention (use_sliding_window=true) is not supported")
+    theta, scaling = _rope_from_hf(d)
+    eos = d.get("eos_token_id")
+    eos = () if eos is None else tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
+    attention_bias = bool(d.get("attention_bias", False))
+    kwargs = dict(
+        architecture=arch,
+        vocab_size=d["vocab_size"],
+        hidden_size=hidden,
+        intermediate_size=d["intermediate_size"],
+        num_layers=d["num_hidden_layers"],
+        num_heads=num_heads,
+        num_kv_heads=d.get("num_key_value_heads") or num_heads,
+        head_dim=head_dim,
+        rms_norm_eps=d.get("rms_norm_eps", 1e-6),
+        rope_theta=theta,
+        rope_scaling=scaling,
+        max_position_embeddings=d.get("max_position_embeddings", 4096),
+        tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+        # Qwen2 always has q/k/v biases; Llama's and Qwen3's `attention_bias` covers q/k/v/o.
+        qkv_bias=True if arch == "qwen2" else attention_bias,
+        o_bias=False if arch == "qwen2" else attention_bias,
+        mlp_bias=bool(d.get("mlp_bias", False)),
+        qk_norm=arch == "qwen3",
+        bos_token_id=d.get("bos_token_id"),
+        eos_token_id=eos,
+        dtype=_dtype_name(d.get("dtype") or d.get("torch_dtype") or "float32"),
+    )
+    kwargs.update(overrides)
+    return cls(**kwargs)
+
+  @classmethod
+  def from_json_file(cls, path: str | os.PathLike, **overrides) -> "ModelConfig":
+    with open(path) as f:
+      try:
+        d = json.load(f)
+      except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON: {e}") from e
+    return cls.from_hf_dict(d, **overrides)
+
+  def to_hf_dict(self) -> dict[str, Any]:
+    """The `config.json` that transformers reads for this model (4.x and 5.x spellings both)."""
+    rope_params: dict[str, Any] = {"rope_type": self.rope_scaling.rope_type,
+                                   "rope_theta": self.rope_theta}
+    if self.rope_scaling.rope_type != "default":
+      rope_params["factor"] = self.rope_scaling.factor
+    if self.rope_scaling.rope_type == "llama3":
+      rope_params.update(
+          low_freq_factor=self.rope_scaling.low_freq_factor,
+          high_freq_factor=self.rope_scaling.high_freq_factor,
+          original_max_position_embeddings=self.rope_scaling.original_max_position_embeddings)
+    legacy_scaling = None
+    if self.rope_scaling.rope_type != "default":
+      legacy_scaling = {k: v for k, v in rope_params.items() if k != "rope_theta"}
+    d: dict[str, Any] = {
+        "architectures": [self.hf_architecture],
+        "model_type": self.architecture,
+        "vocab_size": self.vocab_size,
+        "hidden_size": self.hidden_size,
+        "intermediate_size": self.intermediate_size,
+        "num_hidden_layers": self.num_layers,
+        "num_attention_heads": self.num_heads,
+        "num_key_value_heads": self.num_kv_heads,
+        "head_dim": self.head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": self.rms_norm_eps,
+        "rope_theta": self.rope_theta,
+        "rope_scaling": legacy_scaling,
+        "rope_parameters": rope_params,
+        "max_position_embeddings": self.max_position_embeddings,
+        "tie_word_embeddings": self.tie_word_embeddings,
+        "bos_token_id": self.bos_token_id,
+        "eos_token_id": (list(self.eos_token_id) if len(self.eos_token_id) > 1
+                         else self.eos_token_id[0] if self.eos_token_id else None),
+        "torch_dtype": self.dtype,
+        "attention_dropout": 0.0,
+        "use_cache": True,
+    }
+    if self.architecture == "llama":
+      d.update(attention_bias=self.qkv_bias, mlp_bias=self.mlp_bias)
+    elif self.architecture == "qwen3":
+      d.update(attention_bias=self.qkv_bias, use_sliding_window=False, sliding_window=None)
+    else:
+      d.update(use_sliding_window=False, sliding_window=None)
+    return d
+
+
+def _architecture_of(d: dict[str, Any]) -> Architecture:
+  for name in d.get("architectures") or ():
+    if name in _HF_ARCHITECTURES:
+      return _HF_ARCHITECTURES[name]  # type: ignore[return-value]
+  if d.get("model_type") in _HF_MODEL_TYPES:
+    return _HF_MODEL_TYPES[d["model_type"]]  # type: ignore[return-value]
+  raise ValueError(
+      f"unknown architecture: architectures={d.get('architectures')!r}, "
+      f"model_type={d.get('model_type')!r}; supported: {sorted(_HF_ARCHITECTURES)}")
+
+
+def _rope_from_hf(d: dict[str, Any]) -> tuple[float, RopeScaling]:
+  params = d.get("rope_parameters") or {}
+  legacy = d.get("rope_scaling") or {}
+  theta = params.get("rope_theta", d.get("rope_theta", 10000.0))
+  spec = params if params.get("rope_type", "default") != "default" else legacy
+  rope_type = spec.get("rope_type", spec.get("type", "default"))
+  if rope_type == "default":
+    return float(theta), RopeScaling()
+  fields = {f.name for f in dataclasses.fields(RopeScaling)}
+  kwargs = {k: v for k, v in spec.items() if k in fields and k != "rope_type"}
+  return float(theta), RopeScaling(rope_type=rope_type, **kwargs)
+
+
+def _dtype_name(dtype: Any) -> str:
+  name = str(dtype).removeprefix("torch.")
+  if name not in _DTYPES:
+    raise ValueError(f"unsupported checkpoint dtype {dtype!r}; supported: {sorted(_DTYPES)}")
+  return name

@@ -1,0 +1,133 @@
+"""Building blocks of the Llama / Qwen2 / Qwen3 decoder (Flax NNX).
+
+Attribute names mirror the Hugging Face modules (`self_attn.q_proj`, `mlp.gate_proj`, ...) so the
+checkpoint mapping in `specjax.interop` is mechanical. Numerics follow transformers: RMSNorm and
+RoPE tables in float32, attention softmax in float32, everything else in the config dtype.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from specjax.models.attention import AttentionFn
+from specjax.models.cache import KVCache
+from specjax.models.config import ModelConfig, RopeScaling
+
+_INIT = nnx.initializers.normal(0.02)  # transformers' `initializer_range` default
+
+
+def _linear(cfg: ModelConfig, d_in: int, d_out: int, bias: bool, rngs: nnx.Rngs) -> nnx.Linear:
+  return nnx.Linear(d_in, d_out, use_bias=bias, dtype=cfg.jnp_dtype, param_dtype=cfg.jnp_dtype,
+                    kernel_init=_INIT, rngs=rngs)
+
+
+class RMSNorm(nnx.Module):
+
+  def __init__(self, dim: int, eps: float, dtype):
+    self.weight = nnx.Param(jnp.ones((dim,), dtype))
+    self.eps = eps
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    x32 = x.astype(jnp.float32)
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    return self.weight[...] * x32.astype(x.dtype)
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling) -> np.ndarray:
+  """float32[D/2] inverse frequencies, with Llama 3's wavelength-dependent scaling if asked."""
+  inv_freq = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim))
+  if scaling.rope_type == "linear":
+    return (inv_freq / scaling.factor).astype(np.float32)
+  if scaling.rope_type == "llama3":
+    # Llama 3.1: keep high frequencies, divide low ones by `factor`, interpolate in between.
+    old_ctx = scaling.original_max_position_embeddings
+    low_wavelen = old_ctx / scaling.low_freq_factor
+    high_wavelen = old_ctx / scaling.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = np.where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq)
+    smooth = (old_ctx / wavelen - scaling.low_freq_factor) / (
+        scaling.high_freq_factor - scaling.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return np.where(medium, smoothed, scaled).astype(np.float32)
+  return inv_freq.astype(np.float32)
+
+
+def rope_tables(positions: jax.Array, inv_freq: np.ndarray) -> tuple[jax.Array, jax.Array]:
+  """cos, sin: float32[B, T, D] for integer positions [B, T] (the halves repeated, as in HF)."""
+  freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # [B, T, D/2]
+  emb = jnp.concatenate([freqs, freqs], axis=-1)
+  return jnp.cos(emb), jnp.sin(emb)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+  """x: [B, T, H, D]; rotates pairs (i, i + D/2) — the `rotate_half` convention of HF."""
+  half = x.shape[-1] // 2
+  rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+  cos, sin = cos[:, :, None].astype(x.dtype), sin[:, :, None].astype(x.dtype)
+  return x * cos + rotated * sin
+
+
+class Attention(nnx.Module):
+
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    e, h, k, d = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    self.q_proj = _linear(cfg, e, h * d, cfg.qkv_bias, rngs)
+    self.k_proj = _linear(cfg, e, k * d, cfg.qkv_bias, rngs)
+    self.v_proj = _linear(cfg, e, k * d, cfg.qkv_bias, rngs)
+    self.o_proj = _linear(cfg, h * d, e, cfg.o_bias, rngs)
+    if cfg.qk_norm:  # Qwen3: RMSNorm over each head's D features, before RoPE.
+      self.q_norm = RMSNorm(d, cfg.rms_norm_eps, cfg.jnp_dtype)
+      self.k_norm = RMSNorm(d, cfg.rms_norm_eps, cfg.jnp_dtype)
+    self.qk_norm = cfg.qk_norm
+    self.shape = (h, k, d)
+
+  def __call__(self, x, cos, sin, new_mask, cache: KVCache | None, layer: int,
+               attn_fn: AttentionFn) -> tuple[jax.Array, KVCache | None]:
+    b, t, _ = x.shape
+    h, kv, d = self.shape
+    q = self.q_proj(x).reshape(b, t, h, d)
+    k = self.k_proj(x).reshape(b, t, kv, d)
+    v = self.v_proj(x).reshape(b, t, kv, d)
+    if self.qk_norm:
+      q, k = self.q_norm(q), self.k_norm(k)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    if cache is None:  # no prefix: attend among the new tokens only (training, full forward)
+      out = attn_fn(q, k, v, None, new_mask, sm_scale=d**-0.5)
+    else:
+      cache = cache.write(layer, k, v)
+      out = attn_fn(q, cache.k[layer], cache.v[layer], cache.length, new_mask, sm_scale=d**-0.5)
+    return self.o_proj(out.reshape(b, t, h * d)), cache
+
+
+class MLP(nnx.Module):
+  """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    e, f = cfg.hidden_size, cfg.intermediate_size
+    self.gate_proj = _linear(cfg, e, f, cfg.mlp_bias, rngs)
+    self.up_proj = _linear(cfg, e, f, cfg.mlp_bias, rngs)
+    self.down_proj = _linear(cfg, f, e, cfg.mlp_bias, rngs)
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nnx.Module):
+
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.jnp_dtype)
+    self.self_attn = Attention(cfg, rngs)
+    self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.jnp_dtype)
+    self.mlp = MLP(cfg, rngs)
+
+  def __call__(self, x, cos, sin, new_mask, cache, layer, attn_fn):
+    attn_out, cache = self.self_attn(self.input_layernorm(x), cos, sin, new_mask, cache, layer,
+                                     attn_fn)
+    x = x + attn_out
+    return x + self.mlp(self.post_attention_layernorm(x)), cache

@@ -1,0 +1,77 @@
+"""Sampling configuration and the logits processing shared by AR decoding and verification.
+
+Temperature, top-k and top-p are applied to the *target* logits in exactly the order and with the
+tie rules of transformers' `TemperatureLogitsWarper`, `TopKLogitsWarper`, `TopPLogitsWarper`, so
+that "the target's distribution" means the same thing here as in the reference implementation.
+Speculative acceptance rules (specjax.verify) consume `target_probs`, never raw logits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+  """temperature == 0 is greedy (argmax); top_k == 0 and top_p == 1.0 disable those filters."""
+
+  temperature: float = 0.0
+  top_k: int = 0
+  top_p: float = 1.0
+
+  def __post_init__(self):
+    if not self.temperature >= 0.0:  # also rejects NaN
+      raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+    if self.top_k < 0:
+      raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+    if not 0.0 < self.top_p <= 1.0:
+      raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+  @property
+  def greedy(self) -> bool:
+    return self.temperature == 0.0
+
+
+def process_logits(logits: jax.Array, cfg: SamplingConfig) -> jax.Array:
+  """[..., V] logits -> float32 logits of the sampling distribution (-inf outside its support)."""
+  x = logits.astype(jnp.float32)
+  if cfg.greedy:
+    return x
+  x = x / cfg.temperature
+  if cfg.top_k and cfg.top_k < x.shape[-1]:
+    kth = jax.lax.top_k(x, cfg.top_k)[0][..., -1:]
+    x = jnp.where(x < kth, -jnp.inf, x)  # ties with the k-th value are kept, as in HF
+  if cfg.top_p < 1.0:
+    # HF: sort ascending, drop tokens whose cumulative probability is <= 1 - top_p, keep the top.
+    order = jnp.argsort(x, axis=-1)
+    sorted_x = jnp.take_along_axis(x, order, axis=-1)
+    cum = jnp.cumsum(jax.nn.softmax(sorted_x, axis=-1), axis=-1)
+    drop_sorted = cum <= 1.0 - cfg.top_p
+    drop_sorted = drop_sorted.at[..., -1].set(False)
+    drop = jnp.take_along_axis(drop_sorted, jnp.argsort(order, axis=-1), axis=-1)
+    x = jnp.where(drop, -jnp.inf, x)
+  return x
+
+
+def target_probs(logits: jax.Array, cfg: SamplingConfig) -> jax.Array:
+  """The target's sampling distribution p: float32[..., V]; one-hot argmax when greedy."""
+  x = process_logits(logits, cfg)
+  if cfg.greedy:
+    return jax.nn.one_hot(jnp.argmax(x, axis=-1), x.shape[-1], dtype=jnp.float32)
+  return jax.nn.softmax(x, axis=-1)
+
+
+def sample(rng: jax.Array, logits: jax.Array, cfg: SamplingConfig) -> jax.Array:
+  """int32[...] one token per row of `[..., V]` logits (argmax when greedy)."""
+  x = process_logits(logits, cfg)
+  if cfg.greedy:
+    return jnp.argmax(x, axis=-1).astype(jnp.int32)
+  return jax.random.categorical(rng, x, axis=-1).astype(jnp.int32)
+
+
+def row_keys(rng: jax.Array, batch: int) -> jax.Array:
+  """One independent key per batch row: row b's stream does not depend on the batch size."""
+  return jax.vmap(lambda b: jax.random.fold_in(rng, b))(jnp.arange(batch))
