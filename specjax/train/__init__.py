@@ -1,0 +1,1 @@
+"""Training loops (target LM, drafters) on optax, with orbax checkpoints and exact resume."""

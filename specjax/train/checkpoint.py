@@ -1,0 +1,47 @@
+"""Orbax checkpointing of a training state pytree, with clear errors and exact resume."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+
+class Checkpointer:
+  """Periodic saves of `{"params", "opt_state", "step", ...}` under `directory`; resumes latest."""
+
+  def __init__(self, directory: str | os.PathLike, *, max_to_keep: int = 3):
+    self.directory = os.path.abspath(os.fspath(directory))
+    parent = os.path.dirname(self.directory)
+    os.makedirs(parent, exist_ok=True)
+    if not os.access(parent, os.W_OK):
+      raise ValueError(f"checkpoint directory {self.directory} is not writable")
+    self._manager = ocp.CheckpointManager(
+        self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True))
+
+  def latest_step(self) -> int | None:
+    return self._manager.latest_step()
+
+  def save(self, step: int, state: Any, *, force: bool = False) -> None:
+    self._manager.save(step, args=ocp.args.StandardSave(state), force=force)
+
+  def restore(self, state_like: Any, step: int | None = None) -> Any:
+    """Restores into the structure, shapes and dtypes of `state_like` (arrays or abstract)."""
+    step = self.latest_step() if step is None else step
+    if step is None:
+      raise ValueError(f"no checkpoint to restore in {self.directory}")
+    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state_like)
+    try:
+      return self._manager.restore(step, args=ocp.args.StandardRestore(abstract))
+    except Exception as e:  # orbax raises assorted errors for truncated / foreign checkpoints
+      raise ValueError(f"checkpoint {self.directory}/{step} is corrupt or does not match this "
+                       f"model and optimizer: {type(e).__name__}: {e}") from e
+
+  def wait(self) -> None:
+    self._manager.wait_until_finished()
+
+  def close(self) -> None:
+    self._manager.wait_until_finished()
+    self._manager.close()

@@ -1,0 +1,44 @@
+"""Optimiser: AdamW with linear warmup, cosine decay and global-norm clipping."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import optax
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+  learning_rate: float = 3e-3
+  warmup_steps: int = 200
+  total_steps: int = 3000
+  final_lr_ratio: float = 0.1  # cosine decays to learning_rate * final_lr_ratio
+  weight_decay: float = 0.1
+  clip_norm: float = 1.0
+  b1: float = 0.9
+  b2: float = 0.95
+
+  def __post_init__(self):
+    if self.warmup_steps >= self.total_steps:
+      raise ValueError(f"warmup_steps ({self.warmup_steps}) must be < total_steps "
+                       f"({self.total_steps})")
+
+
+def schedule(cfg: OptimConfig) -> optax.Schedule:
+  return optax.warmup_cosine_decay_schedule(
+      init_value=0.0, peak_value=cfg.learning_rate, warmup_steps=cfg.warmup_steps,
+      decay_steps=cfg.total_steps, end_value=cfg.learning_rate * cfg.final_lr_ratio)
+
+
+def _decay_mask(params):
+  # Decay matrices only: norms' gains and biases (rank 1) are left alone, as in GPT-style recipes.
+  return jax.tree.map(lambda p: p.ndim >= 2, params)
+
+
+def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
+  return optax.chain(
+      optax.clip_by_global_norm(cfg.clip_norm),
+      optax.adamw(schedule(cfg), b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay,
+                  mask=_decay_mask),
+  )

@@ -1,0 +1,218 @@
+"""Training a causal LM (the embedded target or the draft LM) on the stdlib-code corpus.
+
+The pipeline, each step resumable: build the TFDS dataset -> train (or reuse) a byte-level BPE
+tokenizer saved in the workdir -> tokenize and pack the corpus (cached) -> optax training with
+orbax checkpoints -> export an HF folder (`save_hf`) with `tokenizer.json` and `metadata.json`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from specjax.data import pipeline, stdlib_code
+from specjax.data import tokenizer as tokenizer_lib
+from specjax.interop.hf import save_hf
+from specjax.models import decoder
+from specjax.models.config import ModelConfig
+from specjax.target import Target
+from specjax.train import loop
+from specjax.train.optim import OptimConfig, make_optimizer
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+  data_dir: str | None = None  # TFDS data dir (default: $SPECJAX_DATA_DIR or the user cache)
+  source_dir: str | None = None  # a folder of .py files instead of the stdlib (tests, CI)
+  tokenizer_path: str | None = None  # reuse this tokenizer.json instead of training one
+
+
+@dataclasses.dataclass(frozen=True)
+class LMTrainConfig:
+  """An LM training run. `model.vocab_size` must equal the tokenizer's vocabulary size."""
+
+  model: ModelConfig
+  optim: OptimConfig
+  data: DataConfig = DataConfig()
+  seq_len: int = 512
+  batch_size: int = 16
+  # Sequence-length curriculum: the last `long_steps` steps train on `long_seq_len`-token rows
+  # (batch shrunk to keep tokens per step), so the model learns its full context cheaply.
+  long_steps: int = 0
+  long_seq_len: int = 1024
+  seed: int = 0
+  log_every: int = 10
+  eval_every: int = 250
+  save_every: int = 250
+  eval_rows: int = 64  # held-out rows scored at each periodic evaluation (all rows at the end)
+  workdir: str = "runs/target_stdlib"
+  export_dir: str | None = None  # default: <workdir>/export
+  export_dtype: str = "float32"
+
+  def __post_init__(self):
+    longest = self.long_seq_len if self.long_steps else self.seq_len
+    if longest > self.model.max_position_embeddings:
+      raise ValueError(f"sequence length {longest} exceeds the model's context "
+                       f"{self.model.max_position_embeddings}")
+    if self.long_steps and (self.batch_size * self.seq_len) % self.long_seq_len:
+      raise ValueError(f"batch_size * seq_len ({self.batch_size * self.seq_len}) must be a "
+                       f"multiple of long_seq_len ({self.long_seq_len})")
+
+  @property
+  def final_seq_len(self) -> int:
+    return self.long_seq_len if self.long_steps else self.seq_len
+
+
+def lm_loss(cfg: ModelConfig, params, batch: dict[str, jax.Array]):
+  """Mean next-token cross-entropy (nats/token) of `targets` given `inputs`, in float32."""
+  logits = decoder.full_forward(cfg, params, batch["inputs"]).logits.astype(jnp.float32)
+  loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"]).mean()
+  return loss, {}
+
+
+def make_evaluator(cfg: ModelConfig, batches: list[dict[str, np.ndarray]]):
+  """Returns `params -> {"heldout_loss": nats/token}` averaged over all tokens of `batches`."""
+  score = jax.jit(lambda p, b: lm_loss(cfg, p, b)[0] * b["targets"].size)
+
+  def evaluate(params) -> dict[str, float]:
+    total = sum(float(score(params, b)) for b in batches)
+    return {"heldout_loss": total / sum(b["targets"].size for b in batches)}
+
+  return evaluate
+
+
+def unigram_baseline(train_stream: np.ndarray, heldout_stream: np.ndarray, vocab: int) -> float:
+  """Cross-entropy (nats/token) of add-one-smoothed train unigram frequencies on held-out tokens."""
+  counts = np.bincount(train_stream, minlength=vocab).astype(np.float64) + 1.0
+  logp = np.log(counts / counts.sum())
+  return float(-logp[heldout_stream].mean())
+
+
+def _tokenizer(cfg: LMTrainConfig, train_texts):
+  path = os.path.join(cfg.workdir, "tokenizer.json")
+  if cfg.data.tokenizer_path:
+    tok = tokenizer_lib.load_tokenizer(cfg.data.tokenizer_path)
+  elif os.path.exists(path):  # resuming: never retrain, the checkpoints depend on these ids
+    tok = tokenizer_lib.load_tokenizer(path)
+  else:
+    tok = tokenizer_lib.train_tokenizer(train_texts, vocab_size=cfg.model.vocab_size)
+  if tok.get_vocab_size() != cfg.model.vocab_size:
+    raise ValueError(f"tokenizer vocabulary ({tok.get_vocab_size()}) != model vocab_size "
+                     f"({cfg.model.vocab_size}); set model.vocab_size to match the tokenizer")
+  tokenizer_lib.save_tokenizer(tok, path)
+  return tok
+
+
+@dataclasses.dataclass
+class PreparedData:
+  tokenizer: Any
+  train_stream: np.ndarray  # int32[n]: the train split, documents joined by EOS
+  heldout_stream: np.ndarray
+  corpus: dict[str, Any]  # what the dataset builder recorded (python version, split sizes, ...)
+
+
+def prepare_data(cfg: LMTrainConfig) -> PreparedData:
+  """Builds the dataset, trains or reloads the tokenizer and tokenizes (cached) both splits."""
+  os.makedirs(cfg.workdir, exist_ok=True)
+  train = stdlib_code.load_stdlib_code("train", cfg.data.data_dir, cfg.data.source_dir)
+  heldout = stdlib_code.load_stdlib_code("heldout", cfg.data.data_dir, cfg.data.source_dir)
+  for name, split in (("train", train), ("heldout", heldout)):
+    if len(split) == 0:
+      raise ValueError(f"the {name} split of {cfg.data.source_dir or 'the stdlib'} is empty; "
+                       "a source folder needs enough .py files for both splits (~2% held out)")
+  train_texts = [ex["text"] for ex in train]
+  tok = _tokenizer(cfg, train_texts)
+  corpus = stdlib_code.stdlib_metadata(cfg.data.data_dir, cfg.data.source_dir)
+  corpus["split_sizes"] = stdlib_code.split_sizes(cfg.data.data_dir, cfg.data.source_dir)
+  return PreparedData(tok, pipeline.cached_token_stream(tok, train_texts),
+                      pipeline.cached_token_stream(tok, [ex["text"] for ex in heldout]), corpus)
+
+
+def batch_stream(cfg: LMTrainConfig, train_stream: np.ndarray):
+  """`start_step -> iterator` over the curriculum: short rows first, `long_seq_len` rows last."""
+  short = pipeline.TrainBatches(pipeline.pack_stream(train_stream, cfg.seq_len), cfg.batch_size,
+                                cfg.seed)
+  switch = cfg.optim.total_steps - cfg.long_steps
+  long = None
+  if cfg.long_steps:
+    long = pipeline.TrainBatches(pipeline.pack_stream(train_stream, cfg.long_seq_len),
+                                 cfg.batch_size * cfg.seq_len // cfg.long_seq_len, cfg.seed + 1)
+
+  def iterate(start_step: int):
+    step = start_step
+    while True:
+      yield short[step] if step < switch else long[step - switch]
+      step += 1
+
+  return iterate
+
+
+def train_lm(cfg: LMTrainConfig, *, stop_after: int | None = None,
+             progress: bool = True) -> dict[str, Any]:
+  """Runs (or resumes) the training described by `cfg`; exports when it reaches the end."""
+  data = prepare_data(cfg)
+  eos = tokenizer_lib.eos_id(data.tokenizer)
+  model_cfg = cfg.model.replace(eos_token_id=(eos,), bos_token_id=eos)
+  periodic = pipeline.heldout_batches(
+      pipeline.pack_stream(data.heldout_stream, cfg.seq_len)[:cfg.eval_rows], cfg.batch_size)
+  loop_cfg = loop.LoopConfig(total_steps=cfg.optim.total_steps, log_every=cfg.log_every,
+                             eval_every=cfg.eval_every, save_every=cfg.save_every,
+                             tokens_per_step=cfg.batch_size * cfg.seq_len)
+  n_params = decoder.num_params(decoder.abstract_params(model_cfg))
+  result = loop.train(
+      lambda p, b: lm_loss(model_cfg, p, b), decoder.init_params(model_cfg, cfg.seed),
+      make_optimizer(cfg.optim), batch_stream(cfg, data.train_stream), loop_cfg,
+      workdir=os.path.join(cfg.workdir, "checkpoints"),
+      evaluate=make_evaluator(model_cfg, periodic), stop_after=stop_after, progress=progress,
+      desc=f"train {model_cfg.architecture} {n_params / 1e6:.2f}M")
+  summary: dict[str, Any] = {"step": result.step, "history": result.history,
+                             "params": result.params, "finished": False}
+  if result.step < cfg.optim.total_steps:
+    return summary
+  export_dir = cfg.export_dir or os.path.join(cfg.workdir, "export")
+  metadata = export(cfg, model_cfg, result, data, export_dir)
+  summary.update(finished=True, export_dir=export_dir, metadata=metadata)
+  return summary
+
+
+def export(cfg: LMTrainConfig, model_cfg: ModelConfig, result: loop.TrainResult,
+           data: PreparedData, export_dir: str) -> dict[str, Any]:
+  """Writes the HF folder + tokenizer + metadata.json; scores the exported weights held-out."""
+  export_cfg = model_cfg.replace(dtype=cfg.export_dtype)
+  params = jax.tree.map(lambda x: x.astype(export_cfg.jnp_dtype), result.params)
+  # Score what is shipped: the exported weights read back in float32, at the final context.
+  eval_params = jax.tree.map(lambda x: x.astype(jnp.float32), params)
+  seq = cfg.final_seq_len
+  heldout = pipeline.heldout_batches(pipeline.pack_stream(data.heldout_stream, seq),
+                                     max(1, cfg.batch_size * cfg.seq_len // seq))
+  metadata = {
+      "model": export_cfg.to_hf_dict(),
+      "num_params": decoder.num_params(params),
+      "training": _jsonable(dataclasses.asdict(cfg)),
+      "steps": result.step,
+      "tokens_seen": result.step * cfg.batch_size * cfg.seq_len,
+      "wall_seconds": round(result.elapsed_seconds, 1),
+      "heldout_loss": make_evaluator(model_cfg, heldout)(eval_params)["heldout_loss"],
+      "heldout_seq_len": seq,
+      "heldout_tokens": int(data.heldout_stream.size),
+      "unigram_baseline_loss": unigram_baseline(data.train_stream, data.heldout_stream,
+                                                model_cfg.vocab_size),
+      "train_tokens": int(data.train_stream.size),
+      "corpus": _jsonable(data.corpus),
+      "trainer_python": sys.version.split()[0],
+  }
+  save_hf(Target(export_cfg, params, data.tokenizer), export_dir,
+          extra_files={"metadata.json": json.dumps(metadata, indent=2)})
+  return metadata
+
+
+def _jsonable(x):
+  return json.loads(json.dumps(x, default=str))
