@@ -49,7 +49,7 @@ def make_train_step(loss_fn: LossFn, tx: optax.GradientTransformation):
     (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"], batch)
     updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
     params = optax.apply_updates(state["params"], updates)
-    metrics = dict(metrics, loss=loss, grad_norm=optax.global_norm(grads))
+    metrics = dict(metrics, loss=loss, grad_norm=optax.tree.norm(grads))
     return dict(state, params=params, opt_state=opt_state, step=state["step"] + 1), metrics
 
   return jax.jit(step, donate_argnums=0)
