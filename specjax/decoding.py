@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Sequence
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from specjax import trees, verify
+from specjax.drafters.base import (DraftContext, Drafter, NoDrafter, Prefill, RoundResult,
+                                   TargetView)
 from specjax.models import decoder
 from specjax.models.cache import KVCache
 from specjax.models.config import ModelConfig
@@ -36,24 +39,44 @@ class DecodeState:
   """Everything the loop carries; a rejected draft is just a length that did not advance."""
 
   cache: KVCache
-  pending: jax.Array  # int32[B]   last emitted token (its KV is not in the cache yet)
-  out: jax.Array  # int32[B, W]    emitted tokens; W = max_new_tokens + slack
-  n_out: jax.Array  # int32[B]     tokens emitted so far per row
-  done: jax.Array  # bool[B]       row hit EOS or max_new_tokens
-  calls: jax.Array  # int32[B]     target forward passes that served this row
-  rounds: jax.Array  # int32[]     loop iterations (target forward passes after prefill)
+  history: jax.Array  # int32[B, W]  prompt then emitted tokens; the last one is `pending`
+  hist_len: jax.Array  # int32[B]
+  prompt_len: jax.Array  # int32[B]
+  done: jax.Array  # bool[B]        row hit EOS or max_new_tokens
+  calls: jax.Array  # int32[B]      target forward passes that served this row
+  rounds: jax.Array  # int32[]      loop iterations (target forward passes after prefill)
+  accepted_hist: jax.Array  # int32[N+1]  rounds (of live rows) that accepted k draft nodes
   rng: jax.Array
+  drafter_state: Any
+
+  @property
+  def pending(self) -> jax.Array:
+    return jnp.take_along_axis(self.history, (self.hist_len - 1)[:, None], axis=1)[:, 0]
+
+  @property
+  def n_out(self) -> jax.Array:
+    return self.hist_len - self.prompt_len
 
 
 @dataclasses.dataclass(frozen=True)
 class Stats:
   tokens_per_second: float  # emitted tokens / wall time of the compiled call (compile excluded)
-  tau: float  # emitted tokens / target forward passes, averaged over rows
+  tau: float  # emitted tokens / target forward passes, averaged over rows (AR: 1.0)
   target_calls: int  # target forward passes executed (prefill + rounds)
+  drafter_calls: int  # draft() calls (rounds; 0 for autoregressive decoding)
   new_tokens: int  # emitted tokens summed over rows (after EOS / max_new_tokens truncation)
+  accepted_by_depth: tuple[int, ...]  # [k] = row-rounds that accepted exactly k draft nodes
   wall_seconds: float
   compile_seconds: float  # 0.0 when the program came from the cache
   compiled: bool  # True when this call had to compile
+
+  @property
+  def acceptance_by_depth(self) -> tuple[float, ...]:
+    """alpha_d = P(a depth-d node is accepted | its parent was), d = 1..N (the field's metric)."""
+    hist = np.asarray(self.accepted_by_depth, np.float64)
+    reached = hist[::-1].cumsum()[::-1]  # reached[d] = rounds with >= d accepted
+    return tuple(float(reached[d] / reached[d - 1]) if reached[d - 1] else float("nan")
+                 for d in range(1, len(hist)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +84,7 @@ class GenerateResult:
   tokens: list[list[int]]  # new tokens per row, prompt excluded, EOS included when hit
   stats: Stats
   text: list[str] | None = None  # decoded tokens when the target has a tokenizer
+  drafter_state: Any = None  # the drafter's final state (e.g. Token Recycling's table)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,65 +109,91 @@ def _is_eos(tokens: jax.Array, eos_ids: jax.Array) -> jax.Array:
   return jnp.any(tokens[..., None] == eos_ids, axis=-1)
 
 
-def _prefill(spec: _Spec, params, prompts, prompt_lens, eos_ids, rng) -> DecodeState:
+def _prefill(spec: _Spec, params, drafter, prompts, prompt_lens, eos_ids, rng) -> DecodeState:
   cfg = spec.config
   b, p = prompts.shape
   cache = decoder.init_cache(cfg, b, spec.cache_len)
   positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
   out = decoder.forward(cfg, params, prompts, positions, decoder.causal_mask(prompt_lens, p), cache,
+                        hidden_layers=drafter.hidden_layers,
                         logits_index=(prompt_lens - 1)[:, None])
-  rng, key = jax.random.split(rng)
-  first = jax.vmap(lambda k, x: sample(k, x, spec.sampling))(row_keys(key, b), out.logits[:, 0])
-  width = spec.max_new_tokens + 1
+  last = out.logits[:, 0]
+  rng, key, init_key = jax.random.split(rng, 3)
+  first = jax.vmap(lambda k, x: sample(k, x, spec.sampling))(row_keys(key, b), last)
+  history = jnp.zeros((b, spec.cache_len), jnp.int32).at[:, :p].set(prompts)
+  history = history.at[jnp.arange(b), prompt_lens].set(first)
+  cache = out.cache.advance(prompt_lens)
+  view = TargetView(cfg, spec.sampling, params)
+  drafter_state = drafter.init(view, Prefill(prompts, history, prompt_lens + 1, last, out.hidden,
+                                                  cache))
   return DecodeState(
-      cache=out.cache.advance(prompt_lens),
-      pending=first,
-      out=jnp.zeros((b, width), jnp.int32).at[:, 0].set(first),
-      n_out=jnp.ones((b,), jnp.int32),
+      cache=cache, history=history, hist_len=prompt_lens + 1, prompt_len=prompt_lens,
       done=_is_eos(first, eos_ids) | (spec.max_new_tokens <= 1),
-      calls=jnp.ones((b,), jnp.int32),
-      rounds=jnp.zeros((), jnp.int32),
-      rng=rng,
-  )
+      calls=jnp.ones((b,), jnp.int32), rounds=jnp.zeros((), jnp.int32),
+      accepted_hist=jnp.zeros((drafter.num_nodes + 1,), jnp.int32), rng=rng,
+      drafter_state=drafter_state)
 
 
-def _round(spec: _Spec, params, eos_ids, s: DecodeState) -> DecodeState:
-  """One target call on `[pending]` (the empty draft tree); emits the bonus token."""
+def _draft_phase(spec: _Spec, params, drafter, s: DecodeState):
+  rng, draft_key, accept_key = jax.random.split(s.rng, 3)
+  view = TargetView(spec.config, spec.sampling, params)
+  tree, drafter_state, cache = drafter.draft(
+      view, s.drafter_state, DraftContext(s.history, s.hist_len, s.pending, s.cache, draft_key))
+  return tree, s.replace(cache=cache, drafter_state=drafter_state, rng=rng), accept_key
+
+
+def _verify_phase(spec: _Spec, params, drafter, eos_ids, tree, s: DecodeState, accept_key
+                  ) -> DecodeState:
+  """Verify [pending | tree] in one target call, accept, commit, append, update the drafter."""
   cfg = spec.config
-  b = s.pending.shape[0]
-  out = decoder.forward(cfg, params, s.pending[:, None], s.cache.length[:, None],
-                        jnp.ones((b, 1, 1), bool), s.cache)
-  rng, key = jax.random.split(s.rng)
-  nxt = jax.vmap(lambda k, x: sample(k, x, spec.sampling))(row_keys(key, b), out.logits[:, 0])
+  b = s.hist_len.shape[0]
+  block = jnp.concatenate([s.pending[:, None], tree.tokens], axis=1)  # [B, N+1]
+  positions = s.cache.length[:, None] + trees.positions_offsets(tree)
+  out = decoder.forward(cfg, params, block, positions, trees.verify_mask(tree), s.cache,
+                        hidden_layers=drafter.hidden_layers)
+  acc = verify.accept(tree, out.logits, spec.sampling, accept_key)
+
   live = ~s.done
-  rows = jnp.arange(b)
-  # A finished row writes out of bounds (dropped) and does not advance its cache.
-  slot = jnp.where(live, s.n_out, s.out.shape[1])
-  n_out = s.n_out + live
-  return DecodeState(
-      cache=out.cache.advance(live.astype(jnp.int32)),
-      pending=jnp.where(live, nxt, s.pending),
-      out=s.out.at[rows, slot].set(nxt, mode="drop"),
-      n_out=n_out,
-      done=s.done | (live & (_is_eos(nxt, eos_ids) | (n_out >= spec.max_new_tokens))),
-      calls=s.calls + live,
-      rounds=s.rounds + 1,
-      rng=rng,
-  )
+  n_emit = jnp.where(live, acc.n_accepted + 1, 0)  # accepted nodes + the bonus token
+  idx = jnp.arange(block.shape[1])[None, :]
+  # Emitted tokens go after the history; a finished row writes out of bounds (dropped).
+  cols = jnp.where(idx < n_emit[:, None], s.hist_len[:, None] + idx, s.history.shape[1])
+  history = s.history.at[jnp.arange(b)[:, None], cols].set(acc.tokens, mode="drop")
+  hist_len = s.hist_len + n_emit
+  emitted_eos = jnp.any(_is_eos(acc.tokens, eos_ids) & (idx < n_emit[:, None]), axis=1)
+  view = TargetView(cfg, spec.sampling, params)
+  drafter_state = drafter.update(view, s.drafter_state, RoundResult(
+      tree, acc, block, out.logits, out.hidden, live, history, hist_len))
+  depth_bin = jnp.where(live, acc.n_accepted, drafter.num_nodes + 1)  # dead rows: dropped
+  return s.replace(
+      cache=out.cache.commit(acc.path, n_emit),  # keeps the root + accepted nodes
+      history=history, hist_len=hist_len,
+      done=s.done | emitted_eos | (hist_len - s.prompt_len >= spec.max_new_tokens),
+      calls=s.calls + live, rounds=s.rounds + 1,
+      accepted_hist=s.accepted_hist.at[depth_bin].add(1, mode="drop"),
+      drafter_state=drafter_state)
 
 
-def _generate_program(spec: _Spec, params, prompts, prompt_lens, eos_ids, rng) -> DecodeState:
-  state = _prefill(spec, params, prompts, prompt_lens, eos_ids, rng)
+def _round(spec: _Spec, params, drafter, eos_ids, s: DecodeState) -> DecodeState:
+  """draft -> verify [pending | tree] in one target call -> accept -> commit -> update."""
+  tree, s, accept_key = _draft_phase(spec, params, drafter, s)
+  return _verify_phase(spec, params, drafter, eos_ids, tree, s, accept_key)
+
+
+def _generate_program(spec: _Spec, params, drafter, prompts, prompt_lens, eos_ids, rng
+                      ) -> DecodeState:
+  state = _prefill(spec, params, drafter, prompts, prompt_lens, eos_ids, rng)
   return jax.lax.while_loop(lambda s: ~jnp.all(s.done),
-                            lambda s: _round(spec, params, eos_ids, s), state)
+                            lambda s: _round(spec, params, drafter, eos_ids, s), state)
 
 
 _COMPILED: dict[tuple, jax.stages.Compiled] = {}
 
 
 def _compiled(spec: _Spec, *args) -> tuple[jax.stages.Compiled, float]:
-  """AOT-compiles once per (spec, shapes); returns the executable and the compile time spent."""
-  key = (spec,) + tuple((a.shape, a.dtype) for a in jax.tree.leaves(args))
+  """AOT-compiles once per (spec, drafter structure, shapes); returns it and the compile time."""
+  leaves, treedef = jax.tree.flatten(args)
+  key = (spec, treedef) + tuple((a.shape, a.dtype) for a in leaves)
   if key in _COMPILED:
     return _COMPILED[key], 0.0
   start = time.perf_counter()
@@ -182,17 +232,10 @@ def _eos_array(cfg: ModelConfig, eos_token_id) -> np.ndarray:
   return np.asarray(eos or [-1], np.int32)  # -1 never matches a token: no EOS stop
 
 
-def generate(target: Target, prompts: Sequence[str | Sequence[int]], *, max_new_tokens: int,
-             temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-             eos_token_id: int | Sequence[int] | None = None) -> GenerateResult:
-  """Generates up to `max_new_tokens` per prompt in one jit call.
-
-  prompts: strings (encoded with the target's tokenizer) or lists of token ids; rows may differ
-  in length. eos_token_id: ids that stop a row (default: the config's; [] disables). A row stops
-  at its first EOS (kept in the output) or after exactly `max_new_tokens` tokens.
-  """
+def _setup(target: Target, prompts, max_new_tokens: int, drafter, sampling: SamplingConfig,
+           seed: int, eos_token_id, pad_to: int | None) -> tuple[_Spec, tuple]:
+  """Validates the inputs and builds the static spec and the array arguments of a program."""
   cfg = target.config
-  sampling = SamplingConfig(temperature, top_k, top_p)
   if max_new_tokens < 1:
     raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
   ids = _prepare_prompts(target, prompts)
@@ -200,39 +243,102 @@ def generate(target: Target, prompts: Sequence[str | Sequence[int]], *, max_new_
   if longest + max_new_tokens > cfg.max_position_embeddings:
     raise ValueError(f"prompt length {longest} + max_new_tokens {max_new_tokens} exceeds the "
                      f"model's context of {cfg.max_position_embeddings} tokens")
-  p = bucket_length(longest, cfg.max_position_embeddings)
-  spec = _Spec(cfg, sampling, max_new_tokens, cache_len=p + max_new_tokens + 1)
+  if pad_to is not None and pad_to < longest:
+    raise ValueError(f"pad_to={pad_to} is shorter than the longest prompt ({longest})")
+  p = pad_to or bucket_length(longest, cfg.max_position_embeddings)
+  # Room for the last round's whole block. Nodes past the context only ever produce tokens past
+  # max_new_tokens, which are cut: a tree never needs to shrink near the end of the context.
+  spec = _Spec(cfg, sampling, max_new_tokens,
+               cache_len=p + max_new_tokens + drafter.num_nodes + 1)
   prompt_arr = np.zeros((len(ids), p), np.int32)
   for i, row in enumerate(ids):
     prompt_arr[i, :len(row)] = row
-  args = (target.params, jnp.asarray(prompt_arr),
+  args = (target.params, drafter, jnp.asarray(prompt_arr),
           jnp.asarray([len(r) for r in ids], jnp.int32),
           jnp.asarray(_eos_array(cfg, eos_token_id)), jax.random.key(seed))
+  return spec, args
+
+
+def generate(target: Target, prompts: Sequence[str | Sequence[int]], *, max_new_tokens: int,
+             drafter: Drafter | None = None, temperature: float = 0.0, top_k: int = 0,
+             top_p: float = 1.0, seed: int = 0, eos_token_id: int | Sequence[int] | None = None,
+             pad_to: int | None = None) -> GenerateResult:
+  """Generates up to `max_new_tokens` per prompt in one jit call, speculatively with `drafter`.
+
+  prompts: strings (encoded with the target's tokenizer) or lists of token ids; rows may differ
+  in length. drafter: None for autoregressive decoding, or one from `specjax.drafters.build`.
+  The output is the target's whatever the drafter: greedy tokens identical to autoregressive
+  decoding, sampled tokens with exactly the target's distribution (temperature, top-k, top-p).
+  eos_token_id: ids that stop a row (default: the config's; [] disables). A row stops at its
+  first EOS (kept in the output) or after exactly `max_new_tokens` tokens.
+  pad_to: pad prompts to this many tokens instead of the next power-of-two bucket (one program
+  for a whole benchmark set).
+  """
+  drafter = NoDrafter() if drafter is None else drafter
+  spec, args = _setup(target, prompts, max_new_tokens, drafter,
+                      SamplingConfig(temperature, top_k, top_p), seed, eos_token_id, pad_to)
   program, compile_seconds = _compiled(spec, *args)
   start = time.perf_counter()
   state = jax.block_until_ready(program(*args))
   wall = time.perf_counter() - start
-  tokens = _collect(state, np.asarray(args[3]), max_new_tokens)
+  tokens = _collect(state, np.asarray(args[4]), max_new_tokens)
   calls = np.asarray(state.calls)
   n_new = sum(len(t) for t in tokens)
+  rounds = int(state.rounds)
   stats = Stats(
       tokens_per_second=n_new / wall if wall > 0 else float("inf"),
       tau=float(np.mean([len(t) / c for t, c in zip(tokens, calls)])),
-      target_calls=int(state.rounds) + 1,
+      target_calls=rounds + 1,
+      drafter_calls=rounds if drafter.num_nodes else 0,
       new_tokens=n_new,
+      accepted_by_depth=tuple(int(x) for x in np.asarray(state.accepted_hist)),
       wall_seconds=wall,
       compile_seconds=compile_seconds,
       compiled=compile_seconds > 0,
   )
   text = [target.decode(t) for t in tokens] if target.tokenizer is not None else None
-  return GenerateResult(tokens, stats, text)
+  return GenerateResult(tokens, stats, text, state.drafter_state)
+
+
+def profile_phases(target: Target, prompts, *, drafter: Drafter | None = None,
+                   max_new_tokens: int = 64, repeats: int = 20, temperature: float = 0.0,
+                   top_k: int = 0, top_p: float = 1.0, pad_to: int | None = None
+                   ) -> dict[str, float]:
+  """Seconds per round of the draft phase and of the verify phase, each jitted and timed alone.
+
+  Both run on the state right after the prompt's prefill, repeatedly on the same input (state
+  is not advanced), so they measure one typical round: the ideal speedup of a method is
+  tau * t_AR_step / (t_draft + t_verify) and a loop is efficient when it gets close to it.
+  """
+  drafter = NoDrafter() if drafter is None else drafter
+  spec, (params, drafter, prompt_arr, lens, eos, rng) = _setup(
+      target, prompts, max_new_tokens, drafter, SamplingConfig(temperature, top_k, top_p), 0,
+      [], pad_to)
+  state = jax.jit(_prefill, static_argnums=0)(spec, params, drafter, prompt_arr, lens, eos, rng)
+  draft = jax.jit(_draft_phase, static_argnums=0)
+  verify_fn = jax.jit(_verify_phase, static_argnums=0)
+  tree, drafted, key = draft(spec, params, drafter, state)
+  jax.block_until_ready(verify_fn(spec, params, drafter, eos, tree, drafted, key))
+
+  def timed(fn) -> float:
+    jax.block_until_ready(fn())
+    start = time.perf_counter()
+    for _ in range(repeats):
+      out = fn()
+    jax.block_until_ready(out)
+    return (time.perf_counter() - start) / repeats
+
+  return {
+      "t_draft": timed(lambda: draft(spec, params, drafter, state)) if drafter.num_nodes else 0.0,
+      "t_verify": timed(lambda: verify_fn(spec, params, drafter, eos, tree, drafted, key)),
+  }
 
 
 def _collect(state: DecodeState, eos_ids: np.ndarray, max_new_tokens: int) -> list[list[int]]:
-  out, n_out = np.asarray(state.out), np.asarray(state.n_out)
+  history, hist_len = np.asarray(state.history), np.asarray(state.hist_len)
   rows = []
-  for row, n in zip(out, n_out):
-    row = row[:min(n, max_new_tokens)].tolist()
+  for row, start, end in zip(history, np.asarray(state.prompt_len), hist_len):
+    row = row[start:min(end, start + max_new_tokens)].tolist()
     for i, t in enumerate(row):
       if t in eos_ids:
         row = row[:i + 1]

@@ -75,3 +75,20 @@ def sample(rng: jax.Array, logits: jax.Array, cfg: SamplingConfig) -> jax.Array:
 def row_keys(rng: jax.Array, batch: int) -> jax.Array:
   """One independent key per batch row: row b's stream does not depend on the batch size."""
   return jax.vmap(lambda b: jax.random.fold_in(rng, b))(jnp.arange(batch))
+
+
+def draft_sample(rng: jax.Array, logits: jax.Array, cfg: SamplingConfig
+                 ) -> tuple[jax.Array, jax.Array | None]:
+  """A drafter's draw from its own `[B, V]` logits: (tokens int32[B], q float32[B, V] or None).
+
+  Greedy decoding drafts the argmax deterministically (q None: verified by recursive rejection,
+  which then reduces to matching the target's argmax). Otherwise the token is sampled from q =
+  the drafter's distribution processed like the target's, and q is returned: the q-based rule
+  needs exactly the distribution the token was drawn from, so the draw is made from log q itself.
+  """
+  if cfg.greedy:
+    return jnp.argmax(logits, axis=-1).astype(jnp.int32), None
+  q = target_probs(logits, cfg)
+  keys = row_keys(rng, logits.shape[0])
+  tokens = jax.vmap(lambda k, p: jax.random.categorical(k, jnp.log(p)))(keys, q)
+  return tokens.astype(jnp.int32), q

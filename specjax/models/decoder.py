@@ -53,17 +53,19 @@ class Decoder(nnx.Module):
       return self.embed_tokens.attend(x)
     return self.lm_head(x)
 
-  def __call__(self, tokens, positions, new_mask, cache=None, hidden_layers=(), logits_index=None):
+  def __call__(self, tokens, positions, new_mask, cache=None, hidden_layers=(), logits_index=None,
+               num_layers=None):
     cfg = self.config
+    num_layers = cfg.num_layers if num_layers is None else num_layers
     attn_fn = attention.get_attention_impl(cfg.attention_impl)
     cos, sin = rope_tables(positions, rope_inv_freq(cfg.head_dim, cfg.rope_theta,
                                                     cfg.rope_scaling))
     x = self.embed_tokens(tokens)
     hidden = {0: x}
-    for i, layer in enumerate(self.layers):
+    for i, layer in enumerate(self.layers[:num_layers]):
       x, cache = layer(x, cos, sin, new_mask, cache, i, attn_fn)
       hidden[i + 1] = x
-    hidden[cfg.num_layers] = self.norm(x)  # HF convention: the last hidden state is normed
+    hidden[num_layers] = self.norm(x)  # HF convention: the last hidden state is normed
     if logits_index is not None:
       x = jnp.take_along_axis(x, logits_index[..., None], axis=1)
     logits = self.head(x)
@@ -99,8 +101,8 @@ def _check_hidden_layers(cfg: ModelConfig, hidden_layers: tuple[int, ...]):
 
 def forward(cfg: ModelConfig, params: nnx.State, tokens: jax.Array, positions: jax.Array,
             new_mask: jax.Array, cache: KVCache | None = None, *,
-            hidden_layers: tuple[int, ...] = (), logits_index: jax.Array | None = None
-            ) -> ForwardOutput:
+            hidden_layers: tuple[int, ...] = (), logits_index: jax.Array | None = None,
+            num_layers: int | None = None) -> ForwardOutput:
   """Runs the decoder on T new tokens per row.
 
   tokens, positions: int32[B, T]; new_mask: bool[B, T, T] (query t may see new token j);
@@ -108,11 +110,23 @@ def forward(cfg: ModelConfig, params: nnx.State, tokens: jax.Array, positions: j
   hidden_layers: static indices of hidden states to return (0 = embeddings, i = output of layer
   i, L = after the final norm; the `output_hidden_states` convention of transformers).
   logits_index: optional int32[B, I]: compute logits only at these new-token positions.
+  num_layers: run only the first m layers, then the final norm and LM head (layer-skip
+  self-speculation); only those layers' cache entries are written.
   The returned cache has the new tokens written at `[length, length + T)`; `length` is unchanged.
   """
   _check_hidden_layers(cfg, hidden_layers)
+  if num_layers is not None and not 1 <= num_layers <= cfg.num_layers:
+    raise ValueError(f"num_layers must be in [1, {cfg.num_layers}], got {num_layers}")
   model = nnx.merge(graphdef(cfg), params)
-  return model(tokens, positions, new_mask, cache, tuple(hidden_layers), logits_index)
+  return model(tokens, positions, new_mask, cache, tuple(hidden_layers), logits_index, num_layers)
+
+
+def lm_head(cfg: ModelConfig, params: nnx.State, normed: jax.Array) -> jax.Array:
+  """Logits from final-normed hidden states (hidden index L): the unembedding alone."""
+  model = nnx.merge(graphdef(cfg), params)
+  if cfg.tie_word_embeddings:
+    return model.embed_tokens.attend(normed)
+  return model.lm_head(normed)
 
 
 def causal_mask(lengths: jax.Array, t: int) -> jax.Array:

@@ -1,0 +1,189 @@
+"""The benchmark behind `python -m experiments.benchmark` (Spec-Bench methodology).
+
+For each dataset and method: one warm-up generation (compiles; excluded), then the same prompts,
+batch 1, the same max_new_tokens for every method, autoregressive decoding measured in the same
+run. Reported per (method, dataset): tau (emitted tokens / target calls), tokens/s, speedup vs
+autoregressive, target calls, acceptance rate by depth, and per-phase timings (draft and verify
+rounds timed alone) giving the share of time spent drafting and the ideal speedup
+tau * t_AR_step / (t_draft + t_verify) that a perfect loop would reach.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Sequence
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from specjax import assets, drafters
+from specjax.decoding import generate, profile_phases
+from specjax.interop.hf import load_target
+from specjax.target import Target
+
+AR = "autoregressive"
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchmarkConfig:
+  target: str | None = None  # HF folder; None = the shipped embedded target
+  methods: tuple[str, ...] = ()  # () = autoregressive + drafters.available(target)
+  datasets: tuple[str, ...] = ("humaneval", "stdlib_heldout")
+  num_prompts: int = 8
+  max_prompt_tokens: int = 256
+  max_new_tokens: int = 128
+  temperature: float = 0.0
+  top_k: int = 0
+  top_p: float = 1.0
+  seed: int = 0
+  profile_repeats: int = 10
+  out: str = "out/benchmark"
+  data_dir: str | None = None
+
+
+def load_prompts(target: Target, dataset: str, cfg: BenchmarkConfig) -> list[list[int]]:
+  """Token-id prompts: HumanEval problem prompts, or the openings of held-out stdlib files."""
+  from specjax import data
+  if dataset == "humaneval":
+    texts = [ex["prompt"] for ex in data.load_humaneval(cfg.data_dir)]
+  elif dataset == "stdlib_heldout":
+    texts = [ex["text"] for ex in data.load_stdlib_code("heldout", cfg.data_dir)]
+  else:
+    raise ValueError(f"unknown dataset {dataset!r}; use 'humaneval' or 'stdlib_heldout'")
+  rows = [target.encode(t) for t in texts]
+  rows = [r for r in rows if len(r) >= 8][:cfg.num_prompts]
+  # Keep the end of long prompts: the continuation depends on the most recent context.
+  return [r[-cfg.max_prompt_tokens:] for r in rows]
+
+
+def run_method(target: Target, method: str, prompts: Sequence[list[int]], cfg: BenchmarkConfig,
+               bar=None) -> dict[str, Any]:
+  drafter = None if method == AR else drafters.build(method, target)
+  pad_to = max(len(p) for p in prompts)
+  kwargs = dict(max_new_tokens=cfg.max_new_tokens, drafter=drafter, temperature=cfg.temperature,
+                top_k=cfg.top_k, top_p=cfg.top_p, eos_token_id=[], pad_to=pad_to)
+  generate(target, [prompts[0]], seed=cfg.seed, **kwargs)  # warm-up: compile, first-call costs
+  tokens = calls = 0
+  wall = 0.0
+  hist = None
+  outputs = []
+  for i, prompt in enumerate(prompts):
+    r = generate(target, [prompt], seed=cfg.seed + i, **kwargs)
+    tokens += r.stats.new_tokens
+    calls += r.stats.target_calls
+    wall += r.stats.wall_seconds
+    h = np.asarray(r.stats.accepted_by_depth)
+    hist = h if hist is None else hist + h
+    outputs.append(r.tokens[0])
+    if bar is not None:
+      bar.update(1)
+  phases = profile_phases(target, [prompts[0]], drafter=drafter, repeats=cfg.profile_repeats,
+                          max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+                          top_k=cfg.top_k, top_p=cfg.top_p, pad_to=pad_to)
+  reached = hist[::-1].cumsum()[::-1]
+  alpha = [float(reached[d] / reached[d - 1]) if reached[d - 1] else None
+           for d in range(1, len(hist))]
+  return {"method": method, "tau": tokens / calls, "tokens_per_second": tokens / wall,
+          "target_calls": calls, "new_tokens": tokens, "wall_seconds": wall,
+          "acceptance_by_depth": alpha, "t_draft_ms": phases["t_draft"] * 1e3,
+          "t_verify_ms": phases["t_verify"] * 1e3, "outputs": outputs,
+          "draft_nodes": 0 if drafter is None else drafter.num_nodes}
+
+
+def _finish(records: list[dict[str, Any]]) -> None:
+  """Adds speedup, drafting share, ideal speedup and loop efficiency relative to AR."""
+  ar = next(r for r in records if r["method"] == AR)
+  t_ar = ar["t_verify_ms"]
+  for r in records:
+    r["speedup"] = r["tokens_per_second"] / ar["tokens_per_second"]
+    round_ms = r["t_draft_ms"] + r["t_verify_ms"]
+    r["draft_share"] = r["t_draft_ms"] / round_ms
+    r["ideal_speedup"] = r["tau"] * t_ar / round_ms
+    r["loop_efficiency"] = r["speedup"] / r["ideal_speedup"]
+    r["matches_autoregressive"] = r["outputs"] == ar["outputs"]
+
+
+def markdown(records: list[dict[str, Any]], cfg: BenchmarkConfig) -> str:
+  lines = []
+  for dataset in dict.fromkeys(r["dataset"] for r in records):
+    lines += [f"### {dataset} (T={cfg.temperature}, {cfg.num_prompts} prompts x "
+              f"{cfg.max_new_tokens} new tokens, batch 1)", "",
+              "| method | tau | tokens/s | speedup | target calls | drafting share | "
+              "ideal speedup | loop efficiency |", "|---|---|---|---|---|---|---|---|"]
+    for r in records:
+      if r["dataset"] == dataset:
+        lines.append(f"| {r['method']} | {r['tau']:.2f} | {r['tokens_per_second']:.1f} | "
+                     f"{r['speedup']:.2f}x | {r['target_calls']} | {r['draft_share']:.0%} | "
+                     f"{r['ideal_speedup']:.2f}x | {r['loop_efficiency']:.0%} |")
+    lines.append("")
+  return "\n".join(lines)
+
+
+def plot(records: list[dict[str, Any]], out: str) -> list[str]:
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  paths = []
+  datasets = list(dict.fromkeys(r["dataset"] for r in records))
+  fig, axes = plt.subplots(1, len(datasets), figsize=(6 * len(datasets), 4), squeeze=False)
+  for ax, dataset in zip(axes[0], datasets):
+    for r in records:
+      alpha = r["acceptance_by_depth"]
+      if r["dataset"] == dataset and alpha:
+        ax.plot(range(1, len(alpha) + 1), [np.nan if a is None else a for a in alpha],
+                marker="o", label=r["method"])
+    ax.set(title=f"acceptance rate by depth: {dataset}", xlabel="draft depth d",
+           ylabel="P(accept d | accepted d-1)", ylim=(0, 1.05))
+    ax.legend()
+  fig.tight_layout()
+  paths.append(os.path.join(out, "acceptance_by_depth.png"))
+  fig.savefig(paths[-1], dpi=120)
+  fig, axes = plt.subplots(1, len(datasets), figsize=(6 * len(datasets), 4), squeeze=False)
+  for ax, dataset in zip(axes[0], datasets):
+    rows = [r for r in records if r["dataset"] == dataset]
+    x = np.arange(len(rows))
+    ax.bar(x - 0.2, [r["speedup"] for r in rows], 0.4, label="measured")
+    ax.bar(x + 0.2, [r["ideal_speedup"] for r in rows], 0.4, label="ideal (tau x t_AR / t_round)")
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xticks(x, [r["method"] for r in rows], rotation=30, ha="right")
+    ax.set(title=f"speedup vs autoregressive: {dataset}", ylabel="x")
+    ax.legend()
+  fig.tight_layout()
+  paths.append(os.path.join(out, "speedup.png"))
+  fig.savefig(paths[-1], dpi=120)
+  plt.close("all")
+  return paths
+
+
+def run(cfg: BenchmarkConfig) -> list[dict[str, Any]]:
+  path = cfg.target or assets.TARGET_DIR
+  if not os.path.exists(os.path.join(path, "config.json")):
+    raise ValueError(f"no target at {path}: train the embedded default with "
+                     "`python -m experiments.train_target` or pass --set target=DIR")
+  target = load_target(path, dtype="float32")
+  methods = list(cfg.methods) or [AR] + drafters.available(target)
+  if AR not in methods:
+    methods.insert(0, AR)  # speedups are measured against AR in the same run
+  methods.remove(AR)
+  methods.insert(0, AR)
+  prompts = {d: load_prompts(target, d, cfg) for d in cfg.datasets}
+  records = []
+  total = sum(len(p) for p in prompts.values()) * len(methods)
+  with tqdm(total=total, desc="benchmark", dynamic_ncols=True) as bar:
+    for dataset, rows in prompts.items():
+      group = []
+      for method in methods:
+        bar.set_postfix(dataset=dataset, method=method)
+        group.append(dict(run_method(target, method, rows, cfg, bar), dataset=dataset))
+      _finish(group)
+      records += group
+  os.makedirs(cfg.out, exist_ok=True)
+  with open(os.path.join(cfg.out, "results.json"), "w") as f:
+    json.dump({"config": dataclasses.asdict(cfg), "records": records}, f, indent=1)
+  table = markdown(records, cfg)
+  with open(os.path.join(cfg.out, "results.md"), "w") as f:
+    f.write(table)
+  plot(records, cfg.out)
+  return records

@@ -1,0 +1,113 @@
+"""The drafter protocol: what every drafter file fills in.
+
+A drafter is a pytree (its params are leaves; its configuration is static) with three pure
+functions, all called inside the jitted decoding loop:
+
+  init(target, prefill)            -> state            after the prompt's prefill
+  draft(target, state, ctx)        -> (tree, state, cache)   propose a fixed-shape tree
+  update(target, state, result)    -> state            learn from the verification
+
+`target` is a `TargetView` (the target's static config and its params, which drafters such as
+layer-skip read without copying). `ctx` and `result` carry what drafters commonly need: the token
+history (prompt + emitted, the last one being `pending`), the target's KV cache, the target's
+logits and requested hidden states on the verified block, and the acceptance.
+
+Static attributes every drafter defines:
+  num_nodes:     N, the fixed tree size;
+  sampled:       True when node tokens are drawn from a distribution q stored in the tree
+                 (accepted with the q-based rule), False when children are chosen
+                 deterministically (recursive rejection needs only the target's p);
+  hidden_layers: target hidden-state indices the drafter reads in `update` (0 = embeddings,
+                 i = output of layer i, L = final normed state).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import jax
+from flax import nnx, struct
+
+from specjax.models.cache import KVCache
+from specjax.models.config import ModelConfig
+from specjax.sampling import SamplingConfig
+from specjax.trees import Tree
+from specjax.verify import Acceptance
+
+
+@struct.dataclass
+class TargetView:
+  config: ModelConfig = struct.field(pytree_node=False)
+  sampling: SamplingConfig = struct.field(pytree_node=False)
+  params: nnx.State
+
+
+@struct.dataclass
+class Prefill:
+  """The prompt pass: what `init` sees."""
+
+  prompt: jax.Array  # int32[B, P] the right-padded prompts (prompt_len = hist_len - 1)
+  history: jax.Array  # int32[B, W] prompt tokens then emitted ones; slots >= hist_len are junk
+  hist_len: jax.Array  # int32[B] tokens in `history` (prompt + the first sampled token)
+  logits: jax.Array  # float32[B, V] the target's logits at the last prompt token
+  hidden: jax.Array | None  # [len(hidden_layers), B, P, E] hidden states of the prompt, or None
+  cache: KVCache  # the target cache holding the prompt
+
+
+@struct.dataclass
+class DraftContext:
+  """The start of a round: `history[b, hist_len[b] - 1]` is `pending`, not yet in the cache."""
+
+  history: jax.Array  # int32[B, W]
+  hist_len: jax.Array  # int32[B]
+  pending: jax.Array  # int32[B]
+  cache: KVCache  # the target cache (committed prefix: hist_len - 1 tokens)
+  rng: jax.Array
+
+
+@struct.dataclass
+class RoundResult:
+  """The end of a round, after acceptance and before the cache commit is visible to drafters."""
+
+  tree: Tree
+  acceptance: Acceptance
+  block_tokens: jax.Array  # int32[B, N+1] [pending | tree tokens]
+  logits: jax.Array  # float32[B, N+1, V] target logits on the verified block
+  hidden: jax.Array | None  # [len(hidden_layers), B, N+1, E] or None
+  live: jax.Array  # bool[B] rows that were still generating this round
+  history: jax.Array  # int32[B, W] history after appending the emitted tokens
+  hist_len: jax.Array  # int32[B]
+
+
+class Drafter(Protocol):
+  num_nodes: int
+  sampled: bool
+  hidden_layers: tuple[int, ...]
+
+  def init(self, target: TargetView, prefill: Prefill) -> Any:
+    ...
+
+  def draft(self, target: TargetView, state: Any, ctx: DraftContext
+            ) -> tuple[Tree, Any, KVCache]:
+    ...
+
+  def update(self, target: TargetView, state: Any, result: RoundResult) -> Any:
+    ...
+
+
+@struct.dataclass
+class NoDrafter:
+  """Autoregressive decoding: the empty tree. The baseline shares every line of the loop."""
+
+  num_nodes: int = struct.field(pytree_node=False, default=0)
+  sampled: bool = struct.field(pytree_node=False, default=False)
+  hidden_layers: tuple[int, ...] = struct.field(pytree_node=False, default=())
+
+  def init(self, target, prefill):
+    return ()
+
+  def draft(self, target, state, ctx):
+    return Tree.empty(ctx.pending.shape[0]), state, ctx.cache
+
+  def update(self, target, state, result):
+    return state

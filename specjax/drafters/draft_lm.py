@@ -1,0 +1,130 @@
+"""Classic speculative sampling with an independent draft LM (Leviathan et al.; Chen et al.).
+
+A smaller LM with the same tokenizer drafts a chain of `num_tokens` tokens autoregressively with
+its own KV cache: argmax when greedy, sampled from q (its distribution processed with the same
+temperature / top-k / top-p) otherwise, verified with the q-based rule. Its cache follows the
+target's history: each round first feeds the one or two tokens it has not seen (the last
+round's bonus token, and the last accepted draft when the whole chain was accepted), then drafts;
+after verification its length rolls back to the accepted prefix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import jax
+import jax.numpy as jnp
+from flax import nnx, struct
+
+from specjax import assets, trees
+from specjax.drafters import register
+from specjax.drafters.base import DraftContext, Prefill, RoundResult, TargetView
+from specjax.models import decoder
+from specjax.models.cache import KVCache
+from specjax.models.config import ModelConfig
+from specjax.sampling import draft_sample
+
+
+@struct.dataclass
+class DraftLMState:
+  cache: KVCache  # the draft LM's own cache; `length` tokens of history are in it
+  base: jax.Array  # int32[B] cache length after the catch-up tokens of this round
+
+
+@struct.dataclass
+class DraftLM:
+  params: nnx.State
+  config: ModelConfig = struct.field(pytree_node=False)
+  num_tokens: int = struct.field(pytree_node=False, default=4)
+  hidden_layers: tuple[int, ...] = struct.field(pytree_node=False, default=())
+
+  @property
+  def num_nodes(self) -> int:
+    return self.num_tokens
+
+  def init(self, target: TargetView, prefill: Prefill) -> DraftLMState:
+    b, p = prefill.prompt.shape
+    prompt_len = prefill.hist_len - 1
+    cache = decoder.init_cache(self.config, b, prefill.history.shape[1])
+    positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
+    out = decoder.forward(self.config, self.params, prefill.prompt, positions,
+                          decoder.causal_mask(prompt_len, p), cache,
+                          logits_index=jnp.zeros((b, 1), jnp.int32))  # logits unused
+    return DraftLMState(out.cache.advance(prompt_len), prompt_len)
+
+  def draft(self, target: TargetView, state: DraftLMState, ctx: DraftContext):
+    b = ctx.pending.shape[0]
+    cache = state.cache
+    start = cache.length
+    n_new = ctx.hist_len - start  # 1 or 2 tokens the draft cache has not seen; the last: pending
+    idx = start[:, None] + jnp.arange(2)[None, :]
+    feed = jnp.take_along_axis(ctx.history, jnp.clip(idx, 0, ctx.history.shape[1] - 1), axis=1)
+    mask = jnp.tril(jnp.ones((2, 2), bool))[None] & (jnp.arange(2)[None, None, :]
+                                                     < n_new[:, None, None])
+    out = decoder.forward(self.config, self.params, feed, idx, mask, cache,
+                          logits_index=(n_new - 1)[:, None])
+    cache = out.cache.advance(n_new)
+    base = cache.length
+    keys = jax.random.split(ctx.rng, self.num_tokens)
+    first, q0 = draft_sample(keys[0], out.logits[:, 0], target.sampling)
+    one = jnp.ones((b, 1, 1), bool)
+
+    def step(carry, key):
+      cache, tok = carry
+      out = decoder.forward(self.config, self.params, tok[:, None], cache.length[:, None], one,
+                            cache)
+      nxt, q = draft_sample(key, out.logits[:, 0], target.sampling)
+      return (out.cache.advance(jnp.ones((b,), jnp.int32)), nxt), (nxt, q)
+
+    (cache, _), (rest, q_rest) = jax.lax.scan(step, (cache, first), keys[1:])
+    tokens = jnp.concatenate([first[:, None], jnp.swapaxes(rest, 0, 1)], axis=1)
+    q = None
+    if q0 is not None:
+      q = jnp.concatenate([q0[:, None], jnp.swapaxes(q_rest, 0, 1)], axis=1)
+    return trees.chain(tokens, q=q), DraftLMState(cache, base), ctx.cache
+
+  def update(self, target: TargetView, state: DraftLMState, result: RoundResult):
+    # Keep the catch-up tokens and the accepted drafts it has fed (d_1 .. d_{N-1} at most).
+    n = jnp.minimum(result.acceptance.n_accepted, self.num_tokens - 1)
+    return DraftLMState(state.cache.replace(length=state.base + n), state.base)
+
+
+def _tokenizer_id(tok) -> str | None:
+  return None if tok is None else hashlib.sha256(tok.to_str().encode()).hexdigest()
+
+
+def check_compatible(draft, target) -> None:
+  """Raises ValueError unless the draft LM can propose tokens in the target's vocabulary."""
+  if draft.config.vocab_size != target.config.vocab_size:
+    raise ValueError(f"draft LM vocab_size {draft.config.vocab_size} != target vocab_size "
+                     f"{target.config.vocab_size}")
+  a, b = _tokenizer_id(draft.tokenizer), _tokenizer_id(target.tokenizer)
+  if a is not None and b is not None and a != b:
+    raise ValueError("the draft LM's tokenizer differs from the target's: token ids would not "
+                     "mean the same thing")
+
+
+def _usable(target) -> bool:
+  path = os.path.join(assets.DRAFT_LM_DIR, "config.json")
+  if not os.path.exists(path):
+    return False
+  cfg = ModelConfig.from_json_file(path)
+  if cfg.vocab_size != target.config.vocab_size or target.tokenizer is None:
+    return False
+  from specjax.interop.tokenizer import load_tokenizer
+  tok = load_tokenizer(os.path.join(assets.DRAFT_LM_DIR, "tokenizer.json"))
+  return _tokenizer_id(tok) == _tokenizer_id(target.tokenizer)
+
+
+@register("draft_lm", usable=_usable,
+          description="an independent small LM with the same tokenizer (classic SpS)")
+def build(target, *, path: str | None = None, num_tokens: int = 4, draft=None) -> DraftLM:
+  """path: an HF folder of the draft LM (default: the shipped one); or pass a loaded `draft`."""
+  if draft is None:
+    from specjax.interop.hf import load_target
+    draft = load_target(path or assets.DRAFT_LM_DIR, dtype=target.config.dtype)
+  check_compatible(draft, target)
+  if num_tokens < 1:
+    raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
+  return DraftLM(draft.params, draft.config, num_tokens)

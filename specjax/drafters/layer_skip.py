@@ -1,0 +1,76 @@
+"""Layer-skip self-speculation: draft with the target's own first m layers.
+
+The draft model is the target truncated to its first `num_layers` layers, followed by the
+target's final norm and LM head (LayerSkip / "early exit" drafting without extra weights). Its KV
+cache is the target's own: layer i's keys and values depend only on layers < i, so for committed
+tokens the truncated model's entries are exactly the target's. Drafting writes the chain's
+entries for layers < m after the committed prefix; the verification pass then overwrites those
+slots for every layer, so nothing needs rolling back. A chain of `num_tokens` tokens: argmax when
+greedy, sampled from q (and verified with the q-based rule) otherwise.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from specjax import trees
+from specjax.drafters import register
+from specjax.drafters.base import DraftContext, RoundResult, TargetView
+from specjax.models import decoder
+from specjax.sampling import draft_sample
+
+
+@struct.dataclass
+class LayerSkip:
+  num_layers: int = struct.field(pytree_node=False)  # m: layers the drafter runs
+  num_tokens: int = struct.field(pytree_node=False, default=4)  # chain length
+  hidden_layers: tuple[int, ...] = struct.field(pytree_node=False, default=())
+
+  @property
+  def num_nodes(self) -> int:
+    return self.num_tokens
+
+  def init(self, target: TargetView, prefill) -> tuple:
+    return ()
+
+  def draft(self, target: TargetView, state, ctx: DraftContext):
+    b = ctx.pending.shape[0]
+    base = ctx.cache.length
+    one = jnp.ones((b, 1, 1), bool)
+
+    def step(carry, xs):
+      cache, tok = carry
+      t, key = xs
+      # Pretend the committed prefix ends at base + t so the write lands after earlier drafts.
+      out = decoder.forward(target.config, target.params, tok[:, None], (base + t)[:, None], one,
+                            cache.replace(length=base + t), num_layers=self.num_layers)
+      nxt, q = draft_sample(key, out.logits[:, 0], target.sampling)
+      return (out.cache, nxt), (nxt, q)
+
+    keys = jax.random.split(ctx.rng, self.num_tokens)
+    (cache, _), (tokens, q) = jax.lax.scan(
+        step, (ctx.cache, ctx.pending), (jnp.arange(self.num_tokens), keys))
+    q = None if q is None else jnp.swapaxes(q, 0, 1)  # [B, N, V]
+    tree = trees.chain(jnp.swapaxes(tokens, 0, 1), q=q)
+    return tree, state, cache.replace(length=base)
+
+  def update(self, target: TargetView, state, result: RoundResult):
+    return state
+
+
+def _usable(target) -> bool:
+  return target.config.num_layers >= 2
+
+
+@register("layer_skip", usable=_usable,
+          description="the target's first layers + its LM head (self-speculation)")
+def build(target, *, num_layers: int | None = None, num_tokens: int = 4) -> LayerSkip:
+  total = target.config.num_layers
+  m = num_layers if num_layers is not None else max(1, total // 2)
+  if not 1 <= m < total:
+    raise ValueError(f"layer_skip num_layers must be in [1, {total - 1}], got {m}")
+  if num_tokens < 1:
+    raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
+  return LayerSkip(m, num_tokens)

@@ -1,0 +1,96 @@
+"""Prompt lookup decoding: propose what followed the last n-gram earlier in prompt + output.
+
+The suffix of the history (its last n tokens, n from `max_ngram` down to `min_ngram`) is matched
+against every earlier position; each of the `num_branches` best matches (longer n first, then
+the most recent) proposes the `num_tokens` tokens that followed it, as one branch of the tree.
+Branches start with distinct tokens, so siblings never duplicate each other. Model-free, no
+state, deterministic children: verified with recursive rejection (lossless at any temperature).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from specjax.drafters import register
+from specjax.drafters.base import DraftContext, RoundResult, TargetView
+from specjax.trees import Tree
+
+
+def branch_structure(num_branches: int, length: int) -> tuple[np.ndarray, np.ndarray]:
+  """parent, depth: int32[N] of `num_branches` chains hanging from the root, branch-major."""
+  i = np.arange(num_branches * length)
+  pos = i % length
+  return np.where(pos == 0, -1, i - 1).astype(np.int32), (pos + 1).astype(np.int32)
+
+
+def continuation_matches(history: jax.Array, hist_len: jax.Array, n: int) -> jax.Array:
+  """bool[W] per row: c is a continuation start, i.e. history[c - n : c] equals the last n tokens.
+
+  c < hist_len, so a continuation token exists and the suffix does not match itself.
+  """
+  w = history.shape[0]
+  c = jnp.arange(w)
+  ok = (c >= n) & (c < hist_len) & (hist_len >= n)
+  for i in range(n):
+    ok &= history[jnp.clip(c - n + i, 0, w - 1)] == history[jnp.clip(hist_len - n + i, 0, w - 1)]
+  return ok
+
+
+@struct.dataclass
+class PromptLookup:
+  num_tokens: int = struct.field(pytree_node=False, default=6)
+  num_branches: int = struct.field(pytree_node=False, default=2)
+  max_ngram: int = struct.field(pytree_node=False, default=3)
+  min_ngram: int = struct.field(pytree_node=False, default=1)
+  hidden_layers: tuple[int, ...] = struct.field(pytree_node=False, default=())
+
+  @property
+  def num_nodes(self) -> int:
+    return self.num_tokens * self.num_branches
+
+  def init(self, target: TargetView, prefill) -> tuple:
+    return ()
+
+  def _row(self, history: jax.Array, hist_len: jax.Array):
+    """Tokens int32[N] and validity bool[N] of one row's branches."""
+    w = history.shape[0]
+    # score = n * W + c: longer n-grams first, then the most recent continuation; -1 = none.
+    score = jnp.full((w,), -1, jnp.int32)
+    for n in range(self.min_ngram, self.max_ngram + 1):
+      score = jnp.where(continuation_matches(history, hist_len, n), n * w + jnp.arange(w), score)
+    tokens, valid = [], []
+    for _ in range(self.num_branches):
+      best = score.max()
+      c = best % w
+      follow = c + jnp.arange(self.num_tokens)
+      toks = history[jnp.clip(follow, 0, w - 1)]
+      ok = (best >= 0) & (follow < hist_len)
+      tokens.append(toks)
+      valid.append(ok)
+      # Later branches must start with another token: siblings never duplicate each other.
+      score = jnp.where(ok[0] & (history == toks[0]), -1, score)
+    return jnp.concatenate(tokens), jnp.concatenate(valid)
+
+  def draft(self, target: TargetView, state, ctx: DraftContext):
+    tokens, valid = jax.vmap(self._row)(ctx.history, ctx.hist_len)
+    parent, depth = branch_structure(self.num_branches, self.num_tokens)
+    b = tokens.shape[0]
+    tree = Tree(tokens=tokens, parent=jnp.broadcast_to(parent, (b, self.num_nodes)),
+                depth=jnp.broadcast_to(depth, (b, self.num_nodes)), valid=valid, q=None)
+    return tree, state, ctx.cache
+
+  def update(self, target: TargetView, state, result: RoundResult):
+    return state
+
+
+@register("prompt_lookup", description="n-gram match in prompt + output (model-free)")
+def build(target, *, num_tokens: int = 6, num_branches: int = 2, max_ngram: int = 3,
+          min_ngram: int = 1) -> PromptLookup:
+  if not 1 <= min_ngram <= max_ngram:
+    raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+  if num_tokens < 1 or num_branches < 1:
+    raise ValueError("num_tokens and num_branches must be >= 1")
+  return PromptLookup(num_tokens, num_branches, max_ngram, min_ngram)
