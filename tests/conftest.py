@@ -1,0 +1,49 @@
+"""Shared fixtures: tiny random transformers checkpoints, built and saved once per session."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+import sys
+from typing import Any
+
+import pytest
+
+# `hf_models` lives beside this file; make it importable from subfolders (tests/models/...) under
+# any pytest import mode.
+sys.path.insert(0, os.fspath(pathlib.Path(__file__).parent))
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpoint:
+  """A tiny HF checkpoint on disk, the transformers model it came from, and specjax's load of it."""
+
+  variant: str
+  path: pathlib.Path
+  hf_model: Any  # transformers *ForCausalLM, float32, eval mode
+  target: Any  # specjax.Target loaded from `path` in float32
+
+
+@pytest.fixture(scope="session")
+def hf_checkpoint(tmp_path_factory):
+  """`hf_checkpoint(variant) -> Checkpoint`, saving and loading each variant once per session."""
+  import hf_models  # imports torch + transformers: only for the tests that use checkpoints
+  import torch
+
+  import specjax
+
+  # The models are tiny and the CI machine has 2 shared cores: torch's intra-op thread pool then
+  # only adds contention (transformers' generate measured 15-30x slower with 2 threads than 1).
+  torch.set_num_threads(1)
+
+  cache: dict[str, Checkpoint] = {}
+
+  def get(variant: str) -> Checkpoint:
+    if variant not in cache:
+      path = tmp_path_factory.mktemp(f"hf_{variant}")
+      model = hf_models.save_hf_model(variant, path)
+      cache[variant] = Checkpoint(variant, path, model, specjax.load_target(path))
+    return cache[variant]
+
+  return get
