@@ -95,19 +95,23 @@ class Drafter(Protocol):
     ...
 
 
+class Stateless:
+  """Mixin for drafters that keep no state between rounds (model-free or purely functional)."""
+
+  def init(self, target: TargetView, prefill: Prefill) -> tuple:
+    return ()
+
+  def update(self, target: TargetView, state: Any, result: RoundResult) -> Any:
+    return state
+
+
 @struct.dataclass
-class NoDrafter:
+class NoDrafter(Stateless):
   """Autoregressive decoding: the empty tree. The baseline shares every line of the loop."""
 
   num_nodes: int = struct.field(pytree_node=False, default=0)
   sampled: bool = struct.field(pytree_node=False, default=False)
   hidden_layers: tuple[int, ...] = struct.field(pytree_node=False, default=())
 
-  def init(self, target, prefill):
-    return ()
-
   def draft(self, target, state, ctx):
     return Tree.empty(ctx.pending.shape[0]), state, ctx.cache
-
-  def update(self, target, state, result):
-    return state

@@ -17,13 +17,13 @@ from flax import struct
 
 from specjax import trees
 from specjax.drafters import register
-from specjax.drafters.base import DraftContext, RoundResult, TargetView
+from specjax.drafters.base import DraftContext, Stateless, TargetView
 from specjax.models import decoder
 from specjax.sampling import draft_sample
 
 
 @struct.dataclass
-class LayerSkip:
+class LayerSkip(Stateless):
   num_layers: int = struct.field(pytree_node=False)  # m: layers the drafter runs
   num_tokens: int = struct.field(pytree_node=False, default=4)  # chain length
   hidden_layers: tuple[int, ...] = struct.field(pytree_node=False, default=())
@@ -32,8 +32,6 @@ class LayerSkip:
   def num_nodes(self) -> int:
     return self.num_tokens
 
-  def init(self, target: TargetView, prefill) -> tuple:
-    return ()
 
   def draft(self, target: TargetView, state, ctx: DraftContext):
     b = ctx.pending.shape[0]
@@ -56,8 +54,6 @@ class LayerSkip:
     tree = trees.chain(jnp.swapaxes(tokens, 0, 1), q=q)
     return tree, state, cache.replace(length=base)
 
-  def update(self, target: TargetView, state, result: RoundResult):
-    return state
 
 
 def _usable(target) -> bool:

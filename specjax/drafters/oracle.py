@@ -13,11 +13,11 @@ import jax.numpy as jnp
 from flax import struct
 
 from specjax import trees
-from specjax.drafters.base import DraftContext, RoundResult, TargetView
+from specjax.drafters.base import DraftContext, Stateless, TargetView
 
 
 @struct.dataclass
-class Oracle:
+class Oracle(Stateless):
   reference: jax.Array  # int32[B, R] the continuation (new tokens only) of each row
   prompt_len: jax.Array  # int32[B]
   num_tokens: int = struct.field(pytree_node=False, default=4)
@@ -27,8 +27,6 @@ class Oracle:
   def num_nodes(self) -> int:
     return self.num_tokens
 
-  def init(self, target: TargetView, prefill) -> tuple:
-    return ()
 
   def draft(self, target: TargetView, state, ctx: DraftContext):
     done = ctx.hist_len - self.prompt_len  # new tokens emitted so far (incl. pending)
@@ -37,5 +35,3 @@ class Oracle:
     tokens = jnp.take_along_axis(self.reference, jnp.clip(idx, 0, r - 1), axis=1)
     return trees.chain(tokens, valid=idx < r), state, ctx.cache
 
-  def update(self, target: TargetView, state, result: RoundResult):
-    return state

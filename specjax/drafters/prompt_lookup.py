@@ -15,7 +15,7 @@ import numpy as np
 from flax import struct
 
 from specjax.drafters import register
-from specjax.drafters.base import DraftContext, RoundResult, TargetView
+from specjax.drafters.base import DraftContext, Stateless, TargetView
 from specjax.trees import Tree
 
 
@@ -40,7 +40,7 @@ def continuation_matches(history: jax.Array, hist_len: jax.Array, n: int) -> jax
 
 
 @struct.dataclass
-class PromptLookup:
+class PromptLookup(Stateless):
   num_tokens: int = struct.field(pytree_node=False, default=6)
   num_branches: int = struct.field(pytree_node=False, default=2)
   max_ngram: int = struct.field(pytree_node=False, default=3)
@@ -51,8 +51,6 @@ class PromptLookup:
   def num_nodes(self) -> int:
     return self.num_tokens * self.num_branches
 
-  def init(self, target: TargetView, prefill) -> tuple:
-    return ()
 
   def _row(self, history: jax.Array, hist_len: jax.Array):
     """Tokens int32[N] and validity bool[N] of one row's branches."""
@@ -82,8 +80,6 @@ class PromptLookup:
                 depth=jnp.broadcast_to(depth, (b, self.num_nodes)), valid=valid, q=None)
     return tree, state, ctx.cache
 
-  def update(self, target: TargetView, state, result: RoundResult):
-    return state
 
 
 @register("prompt_lookup", description="n-gram match in prompt + output (model-free)")
