@@ -1,0 +1,830 @@
+"""`specjax.verify`: the lossless acceptance rule, tested as shared/notes/lossless_testing.md asks.
+
+Layers of evidence, from white-box to black-box:
+  1. the one-node step with injected uniforms (accept iff u q(x) < p(x), residual max(p - q, 0))
+     and its edge cases (p = q, p(x) = 0, q(x) = 0, one-hot q, a numerically empty residual);
+  2. greedy == a brute-force walk taking the child equal to the target argmax;
+  3. EXACT ENUMERATION: an independent float64 numpy re-derivation of the published rule
+     (Leviathan/Chen; SpecInfer's recursive rejection), written as a structural tree walk, gives
+     the exact law of the first 2 and 3 emitted tokens (bonus included, over as many rounds as it
+     takes) for sampled chains, sampled trees and deterministic trees; it must equal the target's
+     own autoregressive law p(x1) p(x2|x1) p(x3|x1,x2) to 1e-6. The target depends on position and
+     on the previous token, so a node reading the wrong row of p is visible. verify.py's decisions
+     are then checked against that reference step by step with injected uniforms;
+  4. Monte Carlo of the jitted `accept` with real randomness: Pearson chi-square against the exact
+     laws (cells with expected count < 5 pooled), each test at ALPHA = 1e-6; with the 10 such tests
+     in this file the family-wise false-alarm probability is <= 1e-5 (Bonferroni). With 20000 rows
+     and <= 30 cells a bias of D = sum (r - p)^2 / p = 0.01 is detected with power > 0.9999;
+  5. the `Acceptance` fields agree with each other; the empty tree samples from p[0].
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.stats
+
+from specjax import trees, verify
+from specjax.sampling import SamplingConfig, target_probs
+from specjax.trees import Tree, TreeTemplate
+
+V = 5  # small enough to enumerate V^3 outcomes and V^4 sampled drafts
+ALPHA = 1e-6
+MC_ROWS = 20000
+TOP2_CHAINS = [(0,), (1,), (0, 0), (1, 0), (0, 0, 0), (1, 0, 0)]  # top-2 at depth 1, chains below
+TOP2 = [(0,), (1,), (0, 0), (1, 0)]
+
+accept_u = jax.jit(verify.accept_with_uniforms, static_argnames="greedy")
+walk = jax.jit(verify.walk)
+
+
+def _softmax(x):
+  x = np.asarray(x, np.float64)
+  e = np.exp(x - x.max(-1, keepdims=True))
+  return e / e.sum(-1, keepdims=True)
+
+
+def _one_hot(x, v=V):
+  return np.eye(v)[x]
+
+
+# ================================================================================================
+# The numpy reference: the published rule, float64, a structural walk (no index-order scan).
+
+
+def ref_accept_prob(r, q, x):
+  """min(1, r(x) / q(x)) for r normalised (Leviathan et al. 2023, Chen et al. 2023); q(x) = 0
+  means the ratio is infinite (or 0 / 0 = no mass: reject)."""
+  r = r / r.sum()
+  if q[x] == 0:
+    return 1.0 if r[x] > 0 else 0.0
+  return min(1.0, r[x] / q[x])
+
+
+def ref_residual(r, q, fallback):
+  """normalize(max(r - q, 0)) (SpecInfer's residual); `fallback` if empty (documented in
+  verify.EMPTY_MASS; only reachable in float-degenerate cases)."""
+  res = np.maximum(r / r.sum() - q, 0.0)
+  return res / res.sum() if res.sum() > verify.EMPTY_MASS else fallback / fallback.sum()
+
+
+def ref_children(parent, valid, node):
+  """Valid children of `node` (-1 = the root) in sibling order."""
+  return [c for c in range(len(parent)) if valid[c] and parent[c] == node]
+
+
+def _q_of(tokens, q, c):
+  """The distribution node c was drawn from; one-hot at its token for a deterministic child."""
+  return _one_hot(tokens[c]) if q is None else q[c]
+
+
+def ref_round_law(tokens, parent, valid, q, p):
+  """Exact law of one round's emitted tokens (accepted drafts + bonus), as {tuple: prob}.
+
+  p[0] is the target at the root, p[c + 1] at node c. Each tried child is accepted with its
+  explicit probability, so the law is a finite sum over the branches of the decision tree.
+  """
+  law = collections.defaultdict(float)
+
+  def visit(node, emitted, prob):
+    r = p[node + 1] / p[node + 1].sum()
+    for c in ref_children(parent, valid, node):
+      qc = _q_of(tokens, q, c)
+      a = ref_accept_prob(r, qc, tokens[c])
+      if a > 0:
+        visit(c, emitted + (int(tokens[c]),), prob * a)
+      prob *= 1.0 - a
+      if prob <= 0:
+        return
+      r = ref_residual(r, qc, p[node + 1])
+    for y in np.nonzero(r)[0]:
+      law[emitted + (int(y),)] += prob * r[y]
+
+  visit(-1, (), 1.0)
+  return law
+
+
+def ref_walk(tokens, parent, valid, q, p, u):
+  """The same rule with given uniforms: accept iff u < accept probability. Returns (accepted
+  nodes in order, the bonus distribution, the smallest |u - accept probability| seen)."""
+  node, accepted, margin = -1, [], np.inf
+  r = p[0] / p[0].sum()
+  while True:
+    for c in ref_children(parent, valid, node):
+      qc = _q_of(tokens, q, c)
+      a = ref_accept_prob(r, qc, tokens[c])
+      margin = min(margin, abs(u[c] - a))
+      if u[c] < a:
+        node = c
+        accepted.append(c)
+        r = p[c + 1] / p[c + 1].sum()
+        break
+      r = ref_residual(r, qc, p[node + 1])
+    else:
+      return accepted, r, margin
+
+
+# ------------------------------------------------------------------------------------------------
+# A position- and prefix-dependent target and drafters over contexts (c, last): c = index of the
+# next token to generate, last = the previous token (the root of the round's tree).
+
+
+def _target_rows(table, c, tpl_depth, tokens, last):
+  """Block rows of a table indexed [position, previous token]: row 0 = table[c, last], row i + 1 =
+  table[c + depth_i, token_i]."""
+  return np.concatenate([table[c, last][None], table[c + tpl_depth, tokens]], axis=0)
+
+
+class SampledDrafter:
+  """Node i's token is drawn from Q[c + depth_i - 1, parent token]: a q that depends on position
+  and prefix. Siblings are i.i.d. (SpecInfer) or drawn without replacement (q_i renormalised over
+  the tokens not taken by earlier siblings)."""
+
+  def __init__(self, tpl: TreeTemplate, Q, without_replacement=False):
+    self.tpl, self.Q, self.wor = tpl, np.asarray(Q), without_replacement
+
+  def node_q(self, c, last, tokens, i):
+    par = self.tpl.parent[i]
+    q = self.Q[c + self.tpl.depth[i] - 1, last if par < 0 else tokens[..., par]].astype(np.float64)
+    if self.wor:
+      for s in range(i):
+        if self.tpl.parent[s] == par:
+          q = q * (1 - _one_hot(tokens[..., s], q.shape[-1]))
+      q = q / q.sum(-1, keepdims=True)
+    return q
+
+  def enumerate(self, c, last):
+    """[(weight, tokens, q, valid)]: every draft outcome with its probability (zeros pruned)."""
+    n, out = self.tpl.num_nodes, []
+
+    def grow(tokens, qs, w):
+      if len(tokens) == n:
+        out.append((w, np.array(tokens), np.stack(qs), np.ones(n, bool)))
+        return
+      q = self.node_q(c, last, np.array(tokens + [0] * (n - len(tokens))), len(tokens))
+      for x in np.nonzero(q)[0]:
+        grow(tokens + [int(x)], qs + [q], w * q[x])
+
+    grow([], [], 1.0)
+    return out
+
+  def sample(self, rng, c, last):
+    """Vectorised draws for rows with contexts c[B], last[B]: (tokens[B, N], q[B, N, V], valid)."""
+    b, n = len(c), self.tpl.num_nodes
+    tokens, qs = np.zeros((b, n), np.int64), np.zeros((b, n, self.Q.shape[-1]), np.float32)
+    for i in range(n):
+      q = self.node_q(c, last, tokens, i) if self.wor else self.Q[
+          c + self.tpl.depth[i] - 1,
+          last if self.tpl.parent[i] < 0 else tokens[:, self.tpl.parent[i]]]
+      qs[:, i] = q
+      cdf = np.cumsum(np.asarray(q, np.float64), -1)
+      tokens[:, i] = np.argmax(rng.random((b, 1)) * cdf[:, -1:] < cdf, axis=-1)
+    return tokens, qs, np.ones((b, n), bool)
+
+
+class TopKDrafter:
+  """Deterministic children: node i is the rank_i-th best token of D[c + depth_i - 1, parent
+  token] (a top-k expansion, like Medusa heads); q = None."""
+
+  def __init__(self, tpl: TreeTemplate, D):
+    self.tpl, self.ranked = tpl, np.argsort(-np.asarray(D), axis=-1, kind="stable")
+
+  def sample(self, rng, c, last):
+    c, last = np.atleast_1d(c), np.atleast_1d(last)
+    tokens = np.zeros((len(c), self.tpl.num_nodes), np.int64)
+    for i in range(self.tpl.num_nodes):
+      par = self.tpl.parent[i]
+      prev = last if par < 0 else tokens[:, par]
+      tokens[:, i] = self.ranked[c + self.tpl.depth[i] - 1, prev, self.tpl.rank[i]]
+    return tokens, None, np.ones(tokens.shape, bool)
+
+  def enumerate(self, c, last):
+    tokens, _, valid = self.sample(None, c, last)
+    return [(1.0, tokens[0], None, valid[0])]
+
+
+class TableDrafter:
+  """Deterministic children from an arbitrary table indexed by the context: any tokens (duplicate
+  siblings included) and any validity closed under descent. Exact for any choice that does not
+  look at the target's random draws."""
+
+  def __init__(self, tpl: TreeTemplate, tokens, valid):
+    self.tpl, self.tokens, self.valid = tpl, tokens, valid  # [POS, V, N]
+
+  def sample(self, rng, c, last):
+    return self.tokens[c, last], None, self.valid[c, last]
+
+  def enumerate(self, c, last):
+    return [(1.0, self.tokens[c, last], None, self.valid[c, last])]
+
+
+def exact_round_law(drafter, P, c, last):
+  """Exact one-round law at context (c, last): the reference law averaged over draft outcomes."""
+  law = collections.defaultdict(float)
+  tpl = drafter.tpl
+  for w, tokens, q, valid in drafter.enumerate(c, last):
+    p = _target_rows(P, c, tpl.depth, tokens, last)
+    for seq, pr in ref_round_law(tokens, tpl.parent, valid, q, p).items():
+      law[seq] += w * pr
+  return law
+
+
+def exact_first_k_law(drafter, P, k, last0):
+  """Exact law of the first k emitted tokens of speculative decoding from context (0, last0),
+  chaining rounds until k tokens exist."""
+  law = collections.defaultdict(float)
+  round_law = functools.cache(lambda c, last: exact_round_law(drafter, P, c, last))
+
+  def go(prefix, prob):
+    for seq, pr in round_law(len(prefix), prefix[-1] if prefix else last0).items():
+      new = prefix + seq
+      if len(new) >= k:
+        law[new[:k]] += prob * pr
+      else:
+        go(new, prob * pr)
+
+  go((), 1.0)
+  return law
+
+
+def target_law(P, k, last0):
+  """The target's own autoregressive law p(x1) p(x2 | x1) ... as an array [V] * k."""
+  out = np.ones((V,) * k)
+  for xs in itertools.product(range(V), repeat=k):
+    prev = last0
+    for c, x in enumerate(xs):
+      out[xs] *= P[c, prev, x]
+      prev = x
+  return out
+
+
+def _law_array(law, k):
+  out = np.zeros((V,) * k)
+  for seq, pr in law.items():
+    out[seq] += pr
+  return out
+
+
+# ------------------------------------------------------------------------------------------------
+# Problems: target tables and drafters
+
+
+POS = 8  # positions c + depth stay below this (k <= 3, depth <= 4)
+
+
+def _dense_target(rng):
+  return _softmax(1.5 * rng.normal(size=(POS, V, V)))
+
+
+def _sparse_target(rng):
+  """Like _dense_target but about 40% of each row's tokens have p = 0 (as after top-k/top-p)."""
+  logits = 1.5 * rng.normal(size=(POS, V, V))
+  zero = rng.random((POS, V, V)) < 0.4
+  zero[..., 0] &= ~np.all(zero, axis=-1)  # keep at least one token
+  return _softmax(np.where(zero, -np.inf, logits))
+
+
+def _random_table_drafter(rng, n=7, with_duplicates=False):
+  """A random template of n nodes, random tokens per context, random invalid subtrees."""
+  paths, kids = [], {(): 0}
+  for _ in range(n):
+    options = [p for p in kids if len(p) < 4]
+    par = options[rng.integers(len(options))]
+    paths.append(par + (kids[par],))
+    kids[par] += 1
+    kids[paths[-1]] = 0
+  tpl = TreeTemplate.from_paths(paths)
+  tokens = rng.integers(0, V, (POS, V, n))
+  if with_duplicates:  # every sibling repeats its previous sibling's token
+    for i in range(n):
+      sib = [s for s in range(i) if tpl.parent[s] == tpl.parent[i]]
+      if sib:
+        tokens[..., i] = tokens[..., sib[-1]]
+  valid = rng.random((POS, V, n)) > 0.2
+  for i in range(n):
+    if tpl.parent[i] >= 0:
+      valid[..., i] &= valid[..., tpl.parent[i]]
+  return TableDrafter(tpl, tokens, valid)
+
+
+def make_problem(name, seed=0):
+  """(target table P[pos, prev, :], drafter) for a named scenario."""
+  rng = np.random.default_rng(seed)
+  dense, sparse = _dense_target(rng), _sparse_target(rng)
+  chain2, chain3 = TreeTemplate.chain(2), TreeTemplate.chain(3)
+  noise = rng.normal(size=(POS, V, V))
+  if name == "chain3_random_q":
+    return dense, SampledDrafter(chain3, _softmax(rng.normal(size=(POS, V, V))))
+  if name == "chain2_q_close_to_p":
+    return dense, SampledDrafter(chain2, _softmax(np.log(dense) + 0.3 * noise))
+  if name == "chain3_q_equals_p":
+    return sparse, SampledDrafter(chain3, sparse)
+  if name == "chain2_one_hot_q":  # an argmax drafter: q one-hot at its choice
+    return dense, SampledDrafter(chain2, _one_hot(np.argmax(noise, -1)))
+  if name == "chain2_adversarial_q":  # q's mass sits mostly where p = 0
+    return sparse, SampledDrafter(chain2, _softmax(np.where(sparse == 0, 3.0, -1.0) + noise))
+  if name == "tree_iid_siblings":
+    return sparse, SampledDrafter(TreeTemplate.from_paths(TOP2), _softmax(noise))
+  if name == "tree_without_replacement":
+    return dense, SampledDrafter(TreeTemplate.from_paths(TOP2), _softmax(noise), True)
+  if name == "top2_then_chains":
+    return dense, TopKDrafter(TreeTemplate.from_paths(TOP2_CHAINS), noise)
+  if name == "top3_sparse_target":
+    return sparse, TopKDrafter(TreeTemplate.full((3, 1)), noise)
+  if name == "duplicate_siblings":
+    return dense, _random_table_drafter(rng, 7, with_duplicates=True)
+  if name == "random_template":
+    return sparse, _random_table_drafter(rng, 8)
+  raise KeyError(name)
+
+
+SAMPLED = ["chain3_random_q", "chain2_q_close_to_p", "chain3_q_equals_p", "chain2_one_hot_q",
+           "chain2_adversarial_q", "tree_iid_siblings", "tree_without_replacement"]
+DETERMINISTIC = ["top2_then_chains", "top3_sparse_target", "duplicate_siblings", "random_template"]
+
+
+# ================================================================================================
+# 1. White-box: the one-node step with injected uniforms
+
+
+def _random_dists(rng, b, v, p_zero=0.3):
+  x = rng.gamma(0.5, size=(b, v)) * (rng.random((b, v)) > p_zero)
+  x[:, 0] += (x.sum(-1) == 0)
+  return (x / x.sum(-1, keepdims=True)).astype(np.float32)
+
+
+def test_try_node_rule_is_u_q_below_p_and_residual_max_p_minus_q():
+  """For random p, q (with zeros), tokens and uniforms: accepted == (u * q(x) < p(x)) bitwise in
+  float32, and the rejected residual is max(p - q, 0) exactly."""
+  rng = np.random.default_rng(0)
+  b, v = 2000, 7
+  p, q = _random_dists(rng, b, v), _random_dists(rng, b, v)
+  x = rng.integers(0, v, b)
+  u = rng.random(b).astype(np.float32)
+  acc, res = jax.vmap(verify.try_node)(p, x, q, u)
+  rows = np.arange(b)
+  np.testing.assert_array_equal(acc, u * q[rows, x] < p[rows, x])
+  np.testing.assert_array_equal(res, np.maximum(p - q, np.float32(0)))
+  assert 0.1 < np.mean(acc) < 0.9  # both branches exercised
+
+
+def test_rejection_residual_is_normalised_max_p_minus_q():
+  """Through walk() on one sampled node: after a rejection the bonus distribution is
+  normalize(max(p - q, 0)); after an acceptance it is p at the node (row 1)."""
+  rng = np.random.default_rng(1)
+  b = 500
+  p = np.stack([_random_dists(rng, b, V), _random_dists(rng, b, V)], 1)
+  q = _random_dists(rng, b, V)
+  x = np.array([rng.choice(V, p=qi / qi.sum()) for qi in q.astype(np.float64)])
+  u = rng.random((b, 1)).astype(np.float32)
+  acc, cur, res = walk(trees.chain(x[:, None], q=q[:, None]), p, u)
+  acc = np.asarray(acc)[:, 0]
+  want = np.maximum(p[:, 0].astype(np.float64) - q, 0)
+  want = want / want.sum(-1, keepdims=True)
+  np.testing.assert_allclose(np.asarray(res)[~acc], want[~acc], atol=1e-6)
+  np.testing.assert_array_equal(np.asarray(res)[acc], p[acc, 1])
+  np.testing.assert_array_equal(cur, acc.astype(int))
+  assert acc.sum() > 50 and (~acc).sum() > 50
+
+
+def test_acceptance_probability_is_sum_min_and_integrates_the_rule():
+  """acceptance_probability(p, q) = sum min(p, q); integrating try_node's decision over a fine
+  grid of u and over x ~ q gives the same number (to the grid's resolution 1/M)."""
+  rng = np.random.default_rng(2)
+  p, q = _random_dists(rng, 20, V), _random_dists(rng, 20, V)
+  got = np.asarray(verify.acceptance_probability(p, q))
+  np.testing.assert_allclose(got, np.minimum(p, q).sum(-1), rtol=1e-6)
+  m = 4096
+  u = ((np.arange(m) + 0.5) / m).astype(np.float32)
+  step = jax.vmap(jax.vmap(jax.vmap(verify.try_node, (None, None, None, 0)),  # over u
+                           (None, 0, None, None)), (0, None, 0, None))  # over x, over rows
+  acc, _ = step(p, np.arange(V), q, u)  # [20, V, M]
+  integrated = (np.asarray(acc).mean(-1) * q).sum(-1)
+  np.testing.assert_allclose(integrated, got, atol=2.0 / m)
+
+
+U_EXTREMES = np.array([0.0, 0.5, np.nextafter(np.float32(1), np.float32(0))], np.float32)
+
+
+def test_p_equals_q_always_accepts():
+  """p == q: every token with q(x) > 0 is accepted for every u in [0, 1), including the largest
+  float32 below 1 (acceptance probability exactly 1, no rounding loss)."""
+  rng = np.random.default_rng(3)
+  p = _random_dists(rng, 50, V)
+  for x in range(V):
+    for u in U_EXTREMES:
+      acc, _ = jax.vmap(verify.try_node, (0, None, 0, None))(p, x, p, u)
+      np.testing.assert_array_equal(acc, p[:, x] > 0)
+  np.testing.assert_allclose(verify.acceptance_probability(p, p), 1.0, atol=1e-6)
+
+
+def test_p_zero_never_accepts_and_q_zero_never_divides():
+  """p(x) = 0 is never accepted (any u, whatever q(x)); q(x) = 0 with p(x) > 0 is accepted with
+  probability 1 (the ratio is +inf) without a division: no NaN anywhere."""
+  p = np.array([0.0, 0.5, 0.5, 0.0, 0.0], np.float32)
+  q = np.array([0.4, 0.0, 0.6, 0.0, 0.0], np.float32)
+  for u in U_EXTREMES:
+    for x, want in [(0, False), (3, False), (1, True)]:  # q(0) > 0 = p(0); q(3) = p(3) = 0
+      acc, res = verify.try_node(p, x, q, u)
+      assert bool(acc) == want and np.all(np.isfinite(res))
+
+
+def test_one_hot_q_accepts_with_probability_p_x():
+  """q one-hot at x (an argmax drafter, or a deterministic child): accept iff u < p(x); the
+  residual is p with x removed, renormalised (recursive rejection = SpecInfer with one-hot q)."""
+  p = np.array([0.1, 0.3, 0.2, 0.4, 0.0], np.float32)
+  for u in np.linspace(0, 0.99, 23, dtype=np.float32):
+    acc, res = verify.try_node(p, 1, _one_hot(1).astype(np.float32), u)
+    assert bool(acc) == (u < p[1])
+    np.testing.assert_allclose(np.asarray(res) / np.sum(res), [1 / 7, 0, 2 / 7, 4 / 7, 0],
+                               rtol=1e-6)
+
+
+def test_deterministic_siblings_recursive_rejection():
+  """Deterministic siblings at p(root) = [0.5, 0.5, 0, 0, 0]: rejecting token 0 leaves r = [0, 1,
+  ...], so a later sibling 1 is accepted with certainty; a duplicate sibling 0 can never be
+  accepted, and the bonus then is 1 (all the mass left)."""
+  p = np.zeros((1, 3, V), np.float32)
+  p[0, 0, :2] = 0.5
+  p[0, 1:] = 0.2
+  u = np.array([[0.75, 0.9999]], np.float32)  # u > 0.5: the first sibling is rejected
+  out = accept_u(TreeTemplate.full((2,)).tree([[0, 1]]), p, u, jax.random.key(0))
+  assert int(out.n_accepted[0]) == 1 and out.tokens[0, 0] == 1 and out.path[0, 1] == 2
+  for key in range(20):
+    out = accept_u(TreeTemplate.full((2,)).tree([[0, 0]]), p, u, jax.random.key(key))
+    assert int(out.n_accepted[0]) == 0 and out.tokens[0, 0] == 1
+
+
+def test_numerically_empty_residual_falls_back_to_p():
+  """A residual with (numerically) no mass -- p == q up to rounding and a rejected token that
+  neither gives probability -- is replaced by p at the current node: finite, normalised, and the
+  bonus is a token of p's support, never NaN, never an id >= V."""
+  p = np.array([0.0, 0.25, 0.25, 0.5, 0.0], np.float32)
+  near = p.copy()  # q one float32 ulp away from p: a residual of mass 2^-26 << EMPTY_MASS
+  near[1], near[3] = np.nextafter(p[1], 0), np.nextafter(p[3], 1)
+  for q in (p, near):
+    b = 200
+    tree = trees.chain(np.zeros((b, 1), int), q=np.broadcast_to(q, (b, 1, V)))  # token 0: p=q=0
+    rows = np.broadcast_to(p, (b, 2, V))
+    _, _, res = walk(tree, rows, np.full((b, 1), 0.3, np.float32))
+    np.testing.assert_array_equal(res, rows[:, 0])
+    out = accept_u(tree, rows, np.full((b, 1), 0.3, np.float32), jax.random.key(1))
+    bonus = np.asarray(out.tokens[:, 0])
+    assert np.all(out.n_accepted == 0) and set(bonus) <= {1, 2, 3} and len(set(bonus)) == 3
+
+
+def test_bonus_never_outside_support_or_vocab():
+  """The bonus is drawn from log(residual) as logits: an id with zero residual (here all but the
+  last id, V - 1) is never drawn, whatever the key."""
+  b = 1000
+  p = np.zeros((b, 1, V), np.float32)
+  p[:, 0, V - 1] = 1.0
+  out = accept_u(Tree.empty(b), p, np.zeros((b, 0), np.float32), jax.random.key(0))
+  np.testing.assert_array_equal(out.tokens[:, 0], V - 1)
+
+
+def test_invalid_nodes_are_never_tried():
+  """An invalid node whose token the target is sure of (p(x) = 1) is still not accepted, nor are
+  its (invalid) children; the valid sibling after it is tried instead."""
+  p = np.zeros((1, 4, V), np.float32)
+  p[:, :, 2] = 1.0
+  tree = TreeTemplate.from_paths([(0,), (1,), (0, 0)]).tree([[2, 2, 2]], valid=[[0, 1, 0]])
+  out = accept_u(tree, p, np.zeros((1, 3), np.float32), jax.random.key(0))
+  np.testing.assert_array_equal(out.accepted_node, [[False, True, False]])
+  np.testing.assert_array_equal(out.path, [[0, 2, 0, 0]])
+
+
+# ================================================================================================
+# 2. Greedy == brute-force argmax walk
+
+
+def _brute_greedy(tokens, parent, valid, logits):
+  """Walk from the root, take the first valid child equal to argmax of the current row."""
+  node, acc = -1, []
+  while True:
+    best = int(np.argmax(logits[node + 1]))
+    nxt = [c for c in range(len(tokens)) if valid[c] and parent[c] == node and tokens[c] == best]
+    if not nxt:
+      return acc, best
+    node = nxt[0]
+    acc.append(node)
+
+
+def _random_forest(rng, b, n, v, p_invalid=0.15):
+  """b rows, each its own random template of n nodes (depth <= 4) with random tokens in [0, v)
+  and random invalid subtrees: (tokens, parent, depth, valid) as [b, n] numpy arrays."""
+  parent, depth = np.zeros((b, n), np.int32), np.zeros((b, n), np.int32)
+  for r in range(b):
+    tpl = TreeTemplate.from_paths(_random_paths(rng, n))
+    parent[r], depth[r] = tpl.parent, tpl.depth
+  valid = rng.random((b, n)) > p_invalid
+  for i in range(n):
+    has_parent = parent[:, i] >= 0
+    valid[has_parent, i] &= valid[has_parent, parent[has_parent, i]]
+  return rng.integers(0, v, (b, n)), parent, depth, valid
+
+
+@pytest.mark.parametrize("sampled_q", [False, True])
+def test_greedy_equals_brute_force_walk(sampled_q):
+  """T = 0 on random trees (a different random template per row, invalid subtrees, vocab 3 so
+  duplicate siblings and matches are common, integer logits so argmax ties are common): accepted
+  nodes, path, tokens and bonus equal the brute-force walk taking the child equal to the argmax
+  (ties: first index, as jnp.argmax). With a random q (a sampled tree verified greedily) the
+  result is the same."""
+  rng = np.random.default_rng(5 + sampled_q)
+  v, b, n = 3, 400, 12
+  tokens, parent, depth, valid = _random_forest(rng, b, n, v)
+  q = _random_dists(rng, b * n, v, p_zero=0.0).reshape(b, n, v) if sampled_q else None
+  logits = rng.integers(0, 3, (b, n + 1, v)).astype(np.float32)
+  tree = Tree(jnp.asarray(tokens, jnp.int32), jnp.asarray(parent), jnp.asarray(depth),
+              jnp.asarray(valid), None if q is None else jnp.asarray(q))
+  out = jax.tree.map(np.asarray, verify.accept(tree, logits, SamplingConfig(), jax.random.key(1)))
+  for r in range(b):
+    acc, bonus = _brute_greedy(tokens[r], parent[r], valid[r], logits[r])
+    k = len(acc)
+    assert out.n_accepted[r] == k
+    np.testing.assert_array_equal(out.path[r], [0] + [a + 1 for a in acc] + [0] * (n - k))
+    np.testing.assert_array_equal(out.tokens[r], list(tokens[r, acc]) + [bonus] + [0] * (n - k))
+    assert set(np.nonzero(out.accepted_node[r])[0]) == set(acc)
+  assert np.bincount(out.n_accepted).size >= 4  # paths of several depths were walked
+
+
+def _random_paths(rng, n, max_depth=4):
+  paths, kids = [], {(): 0}
+  for _ in range(n):
+    options = [p for p in kids if len(p) < max_depth]
+    par = options[rng.integers(len(options))]
+    paths.append(par + (kids[par],))
+    kids[par] += 1
+    kids[paths[-1]] = 0
+  return paths
+
+
+# ================================================================================================
+# 3. Exact enumeration: the rule's law equals the target's law
+
+
+@pytest.mark.parametrize("name", SAMPLED + DETERMINISTIC)
+def test_exact_law_equals_target_law(name):
+  """The exact law of the first 3 emitted tokens (and, marginalised, the first 2), computed by the
+  independent reference over every draft outcome (weighted by its q-probability) and every accept
+  decision, equals p(x1) p(x2|x1) p(x3|x1,x2) to 1e-6. This is the losslessness theorem checked
+  on position- and prefix-dependent targets, for sampled and deterministic drafts."""
+  P, drafter = make_problem(name)
+  last0 = 2
+  law3 = _law_array(exact_first_k_law(drafter, P, 3, last0), 3)
+  want3 = target_law(P, 3, last0)
+  np.testing.assert_allclose(law3, want3, atol=1e-6, rtol=0)
+  law2 = _law_array(exact_first_k_law(drafter, P, 2, last0), 2)
+  np.testing.assert_allclose(law2, want3.sum(-1), atol=1e-6, rtol=0)
+  np.testing.assert_allclose(law3.sum(-1), law2, atol=1e-6, rtol=0)
+
+
+def test_q_equals_p_accepts_every_draft():
+  """Drafting from the target itself, the whole chain is accepted with probability exactly 1 at
+  every context (the round always emits G + 1 tokens)."""
+  P, drafter = make_problem("chain3_q_equals_p")
+  for c, last in [(0, 0), (1, 3), (2, 4)]:
+    law = exact_round_law(drafter, P, c, last)
+    assert sum(pr for seq, pr in law.items() if len(seq) == 4) == pytest.approx(1.0, abs=1e-12)
+
+
+def test_reference_detects_a_lossy_rule(monkeypatch):
+  """Sanity check of the harness itself: a known-wrong rule (accept with min(1, p/q) but, after a
+  rejection, keep drawing from r instead of the residual max(r - q, 0)) gives a law far from the
+  target's, so the exact test has teeth."""
+  P, drafter = make_problem("chain3_random_q")
+  monkeypatch.setitem(globals(), "ref_residual", lambda r, q, fallback: r / r.sum())
+  law = _law_array(exact_first_k_law(drafter, P, 2, 2), 2)
+  assert np.abs(law - target_law(P, 2, 2)).max() > 1e-2
+
+
+@pytest.mark.parametrize("name", SAMPLED + DETERMINISTIC)
+def test_decisions_match_reference_step_by_step(name):
+  """verify.walk / accept_with_uniforms against ref_walk on the same draws and injected uniforms:
+  the same nodes accepted, the same bonus distribution (to 1e-5), and path / tokens built from
+  them. Rows are drawn at random contexts from each scenario; a uniform within 1e-5 of an accept
+  probability (where float32 and float64 may legitimately disagree) is redrawn."""
+  P, drafter = make_problem(name)
+  P32 = P.astype(np.float32)
+  rng = np.random.default_rng(7)
+  b, tpl = 128, drafter.tpl
+  c, last = rng.integers(0, 3, b), rng.integers(0, V, b)
+  tokens, q, valid = drafter.sample(rng, c, last)
+  p = np.stack([_target_rows(P32, c[r], tpl.depth, tokens[r], last[r]) for r in range(b)])
+  u = rng.random((b, tpl.num_nodes)).astype(np.float32)
+  expected = []
+  for r in range(b):
+    q_r = None if q is None else q[r].astype(np.float64)
+    while True:
+      acc, res, margin = ref_walk(tokens[r], tpl.parent, valid[r], q_r, p[r].astype(np.float64),
+                                  u[r].astype(np.float64))
+      if margin > 1e-5:
+        break
+      u[r] = rng.random(tpl.num_nodes)
+    expected.append((acc, res))
+  tree = tpl.tree(tokens, q=q, valid=valid)
+  got_acc, _, got_res = map(np.asarray, walk(tree, p, u))
+  out = jax.tree.map(np.asarray, accept_u(tree, p, u, jax.random.key(0)))
+  n_acc = [len(a) for a, _ in expected]
+  assert len(set(n_acc)) > 1 or name == "chain3_q_equals_p"  # several outcomes exercised
+  for r, (acc, res) in enumerate(expected):
+    assert set(np.nonzero(got_acc[r])[0]) == set(acc), r
+    np.testing.assert_allclose(got_res[r], res, atol=1e-5)
+    np.testing.assert_array_equal(out.path[r, 1:len(acc) + 1], np.array(acc) + 1)
+    np.testing.assert_array_equal(out.tokens[r, :len(acc)], tokens[r, acc])
+    assert res[out.tokens[r, len(acc)]] > 0  # the bonus comes from the residual's support
+
+
+# ================================================================================================
+# 4. Monte Carlo of the jitted accept() with real randomness
+
+
+def chi_square_pvalue(observed: dict, expected: dict, n: int) -> float:
+  """Pearson chi-square of counts against exact cell probabilities; cells with expected count
+  < 5 are pooled (and the pool joins the smallest cell if still < 5). A count in a cell of
+  probability 0 is an immediate failure (e.g. a token outside the top-p support)."""
+  impossible = {k: v for k, v in observed.items() if expected.get(k, 0.0) == 0.0}
+  assert not impossible, f"outcomes of probability 0 observed: {impossible}"
+  cells = [k for k, pr in expected.items() if pr > 0]
+  exp = np.array([expected[k] * n for k in cells])
+  obs = np.array([observed.get(k, 0) for k in cells], np.float64)
+  small = exp < 5
+  if small.any():
+    exp = np.append(exp[~small], exp[small].sum())
+    obs = np.append(obs[~small], obs[small].sum())
+    if exp[-1] < 5 and len(exp) > 1:
+      j = np.argmin(exp[:-1])
+      exp[j] += exp[-1]
+      obs[j] += obs[-1]
+      exp, obs = exp[:-1], obs[:-1]
+  stat = np.sum((obs - exp) ** 2 / exp)
+  return float(scipy.stats.chi2.sf(stat, len(exp) - 1)) if len(exp) > 1 else 1.0
+
+
+def _round(drafter, L, sampling, c, last, rng, key):
+  """One batched verification round of the jitted accept() at contexts (c[B], last[B])."""
+  tokens, q, valid = drafter.sample(rng, c, last)
+  tpl = drafter.tpl
+  logits = np.concatenate([L[c, last][:, None], L[c[:, None] + tpl.depth, tokens]], axis=1)
+  out = verify.accept(tpl.tree(tokens, q=q, valid=valid), logits, sampling, key)
+  return np.asarray(out.n_accepted), np.asarray(out.tokens)
+
+
+def _mc_counts(drafter, L, sampling, last0, k, seed):
+  """Runs rounds until every row has k tokens. Returns the counts of the first round's outcome
+  (first two emitted tokens, or (x1, None) if it emitted one) and of the first k tokens."""
+  rng, key = np.random.default_rng(seed), jax.random.key(seed)
+  b = MC_ROWS
+  emitted = np.zeros((b, k + drafter.tpl.num_nodes + 1), np.int64)
+  n = np.zeros(b, np.int64)
+  first_round = None
+  rows = np.arange(b)
+  while n.min() < k:
+    c = np.minimum(n, k - 1)  # rows already done re-run harmlessly at a legal position
+    last = np.where(n > 0, emitted[rows, np.maximum(n - 1, 0)], last0)
+    key, sub = jax.random.split(key)
+    n_acc, toks = _round(drafter, L, sampling, c, last, rng, sub)
+    if first_round is None:
+      first_round = collections.Counter(
+          (int(t[0]), int(t[1]) if m >= 1 else None) for t, m in zip(toks, n_acc))
+    live = n < k
+    for j in range(toks.shape[1]):
+      put = live & (j <= n_acc)
+      emitted[rows[put], n[put] + j] = toks[put, j]
+    n = np.where(live, n + n_acc + 1, n)
+  return first_round, collections.Counter(map(tuple, emitted[:, :k].tolist()))
+
+
+MC_CASES = [
+    ("chain2_random_q", SamplingConfig(temperature=1.0)),
+    ("chain2_random_q", SamplingConfig(temperature=0.7, top_p=0.9)),
+    ("top2_tree", SamplingConfig(temperature=1.0)),
+    ("top2_tree", SamplingConfig(temperature=0.7, top_p=0.9)),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, sampling", MC_CASES,
+                         ids=[f"{n}-T{s.temperature}-p{s.top_p}" for n, s in MC_CASES])
+def test_monte_carlo_accept_matches_exact_laws(name, sampling):
+  """20000 rows through the jitted accept() with real rng, target p = target_probs(logits,
+  sampling) depending on position and previous token. Two chi-square tests at ALPHA:
+  (a) the first round's outcome (x1, x2) or (x1, stop) -- includes the bonus -- against the
+      reference's exact one-round law; (b) the first two emitted tokens after as many rounds as
+      needed against the target's autoregressive law p(x1) p(x2 | x1)."""
+  rng = np.random.default_rng(11)
+  L = (1.5 * rng.normal(size=(POS, V, V))).astype(np.float32)
+  P = np.asarray(target_probs(jnp.asarray(L), sampling), np.float64)
+  noise = rng.normal(size=(POS, V, V))
+  if name == "chain2_random_q":
+    drafter = SampledDrafter(TreeTemplate.chain(2), _softmax(noise).astype(np.float32))
+  else:
+    drafter = TopKDrafter(TreeTemplate.from_paths(TOP2), noise)
+  last0 = 1
+  first_round, first2 = _mc_counts(drafter, L, sampling, last0, 2, seed=3)
+  exact_round = collections.defaultdict(float)
+  for seq, pr in exact_round_law(drafter, P, 0, last0).items():
+    exact_round[(seq[0], seq[1] if len(seq) > 1 else None)] += pr
+  pval_round = chi_square_pvalue(first_round, exact_round, MC_ROWS)
+  want = target_law(P, 2, last0)
+  pval_law = chi_square_pvalue(first2, {xs: want[xs] for xs in np.ndindex(want.shape)}, MC_ROWS)
+  assert pval_round > ALPHA and pval_law > ALPHA, (pval_round, pval_law)
+
+
+@pytest.mark.slow
+def test_monte_carlo_bonus_uniform_not_reused():
+  """One deterministic node with p(x) = 0.5: accepted iff its uniform u < 0.5. If the bonus
+  reused u (a shipped bug), the bonus after a rejection would only see u >= 0.5 and be biased.
+  The joint law of (n_accepted, first bonus) must match the exact one."""
+  b = MC_ROWS
+  p_root = np.array([0.5, 0.2, 0.1, 0.15, 0.05])
+  p_node = np.array([0.1, 0.1, 0.3, 0.3, 0.2])
+  logits = np.log(np.broadcast_to(np.stack([p_root, p_node]), (b, 2, V))).astype(np.float32)
+  out = verify.accept(trees.chain(np.zeros((b, 1), int)), logits, SamplingConfig(1.0),
+                      jax.random.key(4))
+  n_acc = np.asarray(out.n_accepted)
+  bonus = np.asarray(out.tokens)[np.arange(b), n_acc]
+  observed = collections.Counter(zip(n_acc.tolist(), bonus.tolist()))
+  residual = np.where(np.arange(V) == 0, 0, p_root) / 0.5
+  expected = {(1, y): 0.5 * p_node[y] for y in range(V)}
+  expected.update({(0, y): 0.5 * residual[y] for y in range(V)})
+  assert chi_square_pvalue(observed, expected, b) > ALPHA
+
+
+@pytest.mark.slow
+def test_empty_tree_bonus_is_sampled_from_p0():
+  """N = 0 (autoregressive decoding): n_accepted = 0, path = [0], and the single token follows
+  p[0] = target_probs(logits) (T = 0.7, top_p = 0.9: never outside the support) -- chi-square at
+  ALPHA; greedy gives the argmax."""
+  b = MC_ROWS
+  logits = np.array([[1.0, 2.0, 0.5, -1.0, 1.5]], np.float32)
+  sampling = SamplingConfig(temperature=0.7, top_p=0.9)
+  p0 = np.asarray(target_probs(jnp.asarray(logits), sampling), np.float64)[0]
+  out = verify.accept(Tree.empty(b), np.broadcast_to(logits, (b, 1, V)), sampling,
+                      jax.random.key(9))
+  assert np.all(out.n_accepted == 0) and np.all(out.path == 0) and out.tokens.shape == (b, 1)
+  observed = collections.Counter(np.asarray(out.tokens[:, 0]).tolist())
+  assert chi_square_pvalue(observed, dict(enumerate(p0)), b) > ALPHA
+  greedy = verify.accept(Tree.empty(3), np.broadcast_to(logits, (3, 1, V)), SamplingConfig(),
+                         jax.random.key(9))
+  np.testing.assert_array_equal(greedy.tokens, [[1]] * 3)
+
+
+# ================================================================================================
+# 5. Consistency of the Acceptance fields
+
+
+@pytest.mark.parametrize("sampled_q", [False, True])
+def test_acceptance_fields_are_consistent(sampled_q):
+  """On random trees at T = 1: accepted_node is a root-to-node chain of valid nodes whose depths
+  are 1..n_accepted; path = [0, rows of those nodes, 0-padding]; tokens = their tokens, the bonus
+  at n_accepted (an id < V), 0-padding; n_accepted <= the tree's max depth."""
+  rng = np.random.default_rng(12)
+  b, n = 256, 12
+  tokens, parent, depth, valid = _random_forest(rng, b, n, V, p_invalid=0.1)
+  q = _random_dists(rng, b * n, V, p_zero=0.0).reshape(b, n, V) if sampled_q else None
+  logits = (2 * rng.normal(size=(b, n + 1, V))).astype(np.float32)
+  tree = Tree(jnp.asarray(tokens, jnp.int32), jnp.asarray(parent), jnp.asarray(depth),
+              jnp.asarray(valid), None if q is None else jnp.asarray(q))
+  out = jax.tree.map(np.asarray, verify.accept(tree, logits, SamplingConfig(1.0),
+                                               jax.random.key(0)))
+  assert out.path.shape == out.tokens.shape == (b, n + 1) and out.accepted_node.shape == (b, n)
+  assert out.n_accepted.dtype == out.path.dtype == out.tokens.dtype == np.int32
+  for r in range(b):
+    acc, k = np.nonzero(out.accepted_node[r])[0], out.n_accepted[r]
+    assert len(acc) == k <= depth[r].max() and np.all(valid[r, acc])
+    np.testing.assert_array_equal(parent[r, acc], np.concatenate([[-1], acc])[:k])
+    np.testing.assert_array_equal(depth[r, acc], np.arange(1, k + 1))
+    np.testing.assert_array_equal(out.path[r], np.concatenate([[0], acc + 1, np.zeros(n - k)]))
+    np.testing.assert_array_equal(out.tokens[r, :k], tokens[r, acc])
+    assert 0 <= out.tokens[r, k] < V and np.all(out.tokens[r, k + 1:] == 0)
+  assert np.bincount(out.n_accepted).size >= 3
+
+
+def test_row_results_do_not_depend_on_batch_size():
+  """Each row draws from rng folded with its index: row r of a batch of 3 and of a batch of 8
+  (same tree and logits in those rows) gives identical results."""
+  rng = np.random.default_rng(13)
+  tpl = TreeTemplate.from_paths(TOP2)
+  tokens, logits = rng.integers(0, V, (8, 4)), rng.normal(size=(8, 5, V)).astype(np.float32)
+  big = verify.accept(tpl.tree(tokens), logits, SamplingConfig(1.0), jax.random.key(5))
+  small = verify.accept(tpl.tree(tokens[:3]), logits[:3], SamplingConfig(1.0), jax.random.key(5))
+  for a, s in zip(jax.tree.leaves(big), jax.tree.leaves(small)):
+    np.testing.assert_array_equal(np.asarray(a)[:3], s)
+
+
+def test_shape_errors():
+  """Target rows must be [B, N + 1, V] (row 0 is the root) and q must share the target's vocab."""
+  tree = trees.chain(np.zeros((2, 3), int))
+  with pytest.raises(ValueError, match="row 0 is the root"):
+    verify.accept(tree, np.zeros((2, 3, V), np.float32), SamplingConfig(1.0), jax.random.key(0))
+  sampled = trees.chain(np.zeros((2, 3), int), q=np.full((2, 3, V + 1), 1 / (V + 1)))
+  with pytest.raises(ValueError, match="vocab"):
+    verify.accept(sampled, np.zeros((2, 4, V), np.float32), SamplingConfig(1.0), jax.random.key(0))
