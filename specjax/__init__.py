@@ -9,10 +9,13 @@ Public surface (one import for a notebook):
 
   target = specjax.load_target("path/to/hf_folder")
   result = specjax.generate(target, ["def fib(n):"], max_new_tokens=64)
+  drafter = specjax.drafters.build("prompt_lookup", target)   # available(target) lists them
+  result = specjax.generate(target, prompts, max_new_tokens=64, drafter=drafter)
   specjax.save_hf(target, "path/to/out")
 """
 
-from specjax.decoding import GenerateResult, Stats, generate
+from specjax import drafters, trees, verify
+from specjax.decoding import GenerateResult, Stats, generate, profile_phases
 from specjax.interop.hf import load_target, save_hf
 from specjax.models.cache import KVCache
 from specjax.models.config import ModelConfig, RopeScaling
@@ -21,5 +24,6 @@ from specjax.target import Target
 
 __all__ = [
     "GenerateResult", "KVCache", "ModelConfig", "RopeScaling", "SamplingConfig", "Stats",
-    "Target", "generate", "load_target", "save_hf",
+    "Target", "drafters", "generate", "load_target", "profile_phases", "save_hf", "trees",
+    "verify",
 ]
