@@ -1,0 +1,451 @@
+"""Speculative `generate` is lossless: the end-to-end contract, for every registered drafter.
+
+What is checked, following shared/notes/lossless_testing.md:
+  1. greedy: every drafter (chains and trees, batch 1 and 4, 50 prompts x 128 new tokens each)
+     emits exactly the autoregressive greedy tokens (float ties of the target's top-2 excepted);
+     the stats agree with the tokens (tau, accepted_by_depth);
+  2. sampling: the exact joint law of the first 3 tokens (x1 from the prefill, x2 and x3 from the
+     speculative rounds, bonus tokens included) is enumerated from the target's forward over all
+     V^2 prefixes and compared with 24576 sampled rows by a Pearson chi-square test, for the
+     q-based chain rule, the recursive tree rule and the drafter-less baseline;
+  3. bad input and the edges of a round: vocab mismatch, unknown names, max_new_tokens or EOS in
+     the middle of an accepted path, rows of a batch that stop early;
+  4. `pad_to`.
+
+Compile time dominates on CPU: the targets are module-level configs from tests/tiny_targets.py,
+drafters are built once per module, and calls share batch sizes, `pad_to` and `max_new_tokens` so
+that `generate`'s cache of compiled programs is reused across tests.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.stats
+
+import specjax
+import tiny_targets as tt
+from specjax import drafters
+from specjax.drafters import draft_lm
+from specjax.sampling import SamplingConfig, target_probs
+from specjax.trees import TreeTemplate
+
+NEW = 128  # greedy tokens per prompt
+PAD = 32  # every greedy prompt is <= 30 tokens: one padding, one program per (drafter, batch)
+N_PROMPTS = 50
+BATCH1_PROMPTS = 10  # prompts [0, 10) run one by one, [10, 50) in batches of 4
+TIE_GAP = 1e-4  # whole-model f32 tolerance: top-2 logits closer than this are a float tie
+
+
+def _prompts() -> list[list[int]]:
+  """50 prompts of 3..30 tokens: even ones uniformly random, odd ones a short random motif
+  repeated after a random prefix (so that prompt lookup finds n-gram matches at once)."""
+  rng = np.random.default_rng(1234)
+  out = []
+  for i in range(N_PROMPTS):
+    if i % 2 == 0:
+      out.append(rng.integers(0, tt.GREEDY_VOCAB, int(rng.integers(3, 31))).tolist())
+    else:
+      motif = rng.integers(0, tt.GREEDY_VOCAB, int(rng.integers(2, 7))).tolist()
+      prefix = rng.integers(0, tt.GREEDY_VOCAB, int(rng.integers(0, 6))).tolist()
+      total = int(rng.integers(12, 31))
+      out.append((prefix + motif * 30)[:total])
+  return out
+
+
+PROMPTS = _prompts()
+
+
+def _groups(batch: int) -> list[list[int]]:
+  """Prompt indices per call: [0, 10) one by one for batch 1, [10, 50) by 4 for batch 4."""
+  if batch == 1:
+    return [[i] for i in range(BATCH1_PROMPTS)]
+  return [list(range(i, i + 4)) for i in range(BATCH1_PROMPTS, N_PROMPTS, 4)]
+
+
+@pytest.fixture(scope="module")
+def target():
+  return tt.greedy_target()
+
+
+# name -> (registered family, builder). Chains and trees of every registered family.
+_GREEDY_DRAFTERS = {
+    "prompt_lookup_chain": ("prompt_lookup",
+                            lambda t: drafters.build("prompt_lookup", t, num_branches=1)),
+    "prompt_lookup_tree": ("prompt_lookup",
+                           lambda t: drafters.build("prompt_lookup", t, num_branches=3)),
+    "token_recycling_tree": ("token_recycling", lambda t: drafters.build("token_recycling", t)),
+    "token_recycling_chain": ("token_recycling", lambda t: drafters.build(
+        "token_recycling", t, paths=TreeTemplate.chain(4).paths)),
+    "layer_skip": ("layer_skip", lambda t: drafters.build("layer_skip", t, num_layers=1)),
+    # draft_lm is not `available` for a random target (no shipped draft LM), so it is built
+    # through its module with an explicit draft.
+    "draft_lm_small": ("draft_lm", lambda t: draft_lm.build(t, draft=tt.draft_target(),
+                                                            num_tokens=4)),
+    "draft_lm_self": ("draft_lm", lambda t: draft_lm.build(t, draft=t, num_tokens=5)),
+}
+
+
+@pytest.fixture(scope="module")
+def greedy_drafters(target):
+  return {name: build(target) for name, (_, build) in _GREEDY_DRAFTERS.items()}
+
+
+@pytest.fixture(scope="module")
+def ar(target):
+  """Autoregressive greedy tokens (drafter=None) of every prompt, each run alone (batch 1), and
+  of prompts [10, 50) run in batches of 4."""
+  alone = [specjax.generate(target, [p], max_new_tokens=NEW, pad_to=PAD).tokens[0]
+           for p in PROMPTS]
+  batched, stats = {}, []
+  for group in _groups(4):
+    result = specjax.generate(target, [PROMPTS[i] for i in group], max_new_tokens=NEW,
+                              pad_to=PAD)
+    batched.update(zip(group, result.tokens))
+    stats.append(result.stats)
+  return alone, batched, stats
+
+
+def _assert_greedy_equal(target, prompt, ours, ref, where) -> bool:
+  """Token-for-token equality, with one narrow exception (lossless_testing.md): at the first
+  mismatch, ours may be the runner-up if the target's top-2 logits there differ by < TIE_GAP
+  (the verification block and the one-token step round differently); the sequences then
+  legitimately diverge and the rest is not compared. Returns True on such a tie."""
+  assert len(ours) == len(ref), f"{where}: {len(ours)} tokens, expected {len(ref)}"
+  i = next((i for i, (a, r) in enumerate(zip(ours, ref)) if a != r), None)
+  if i is None:
+    return False
+  logits = tt.logits_of(target, [prompt + ref[:i]])[0, -1]
+  order = np.argsort(logits)
+  gap = logits[order[-1]] - logits[order[-2]]
+  assert ours[i] == order[-2] and gap < TIE_GAP, (
+      f"{where}: step {i} speculative {ours[i]} autoregressive {ref[i]} (top-2 gap {gap:.2e})")
+  return True
+
+
+def test_every_registered_drafter_is_covered():
+  """The greedy battery covers every registered drafter family: a new registration fails here
+  until it is added to `_GREEDY_DRAFTERS` (and to the sampling battery)."""
+  assert {family for family, _ in _GREEDY_DRAFTERS.values()} == set(drafters.names())
+
+
+def test_autoregressive_rows_do_not_depend_on_batch(ar):
+  """The reference itself: AR greedy of a prompt is the same alone and in a batch of 4 with
+  unequal prompt lengths (right padding and per-row lengths are handled). AR is the empty tree:
+  each of the 4 rows runs 127 rounds of 0 accepted nodes, tau = 1."""
+  alone, batched, stats = ar
+  for i, row in batched.items():
+    assert row == alone[i], f"prompt {i}"
+    assert len(row) == NEW
+  for s in stats:
+    assert s.accepted_by_depth == (4 * (NEW - 1),)
+    assert s.tau == 1.0 and s.target_calls == NEW and s.drafter_calls == 0
+
+
+def _check_stats(stats, drafter, batch):
+  """Bookkeeping that must hold for any drafter without EOS: one draft call per round; the
+  histogram has N + 1 bins; each row-round emits (accepted + 1) tokens, so the emitted total
+  (first token + rounds) exceeds the kept max_new_tokens per row by at most the last round's
+  overshoot (< N + 1 per row); with one row it counts exactly target_calls - 1 rounds."""
+  hist = np.asarray(stats.accepted_by_depth)
+  assert len(hist) == drafter.num_nodes + 1
+  assert stats.drafter_calls == stats.target_calls - 1
+  assert stats.new_tokens == batch * NEW
+  emitted = batch + np.sum(hist * (np.arange(len(hist)) + 1))
+  assert 0 <= emitted - batch * NEW <= batch * drafter.num_nodes
+  rounds = stats.target_calls - 1
+  if batch == 1:
+    assert hist.sum() == rounds
+    assert stats.tau == pytest.approx(NEW / stats.target_calls, rel=1e-12)
+  else:
+    assert rounds <= hist.sum() <= batch * rounds
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+@pytest.mark.parametrize("name", list(_GREEDY_DRAFTERS))
+def test_greedy_equals_autoregressive(target, greedy_drafters, ar, name, batch):
+  """Temperature 0: every drafter emits the autoregressive greedy tokens, token for token, over
+  prompts with and without repetition (10 prompts one by one or 40 in batches of 4 with unequal
+  lengths: 50 prompts x 128 tokens per drafter over both parametrizations). The stats are
+  consistent with the tokens (`_check_stats`). Premise: the drafter is not vacuous, i.e. some
+  draft nodes were accepted. Float ties (top-2 gap < 1e-4) are tolerated at most once."""
+  drafter = greedy_drafters[name]
+  alone = ar[0]
+  ties, accepted = 0, 0
+  for group in _groups(batch):
+    result = specjax.generate(target, [PROMPTS[i] for i in group], max_new_tokens=NEW,
+                              drafter=drafter, pad_to=PAD)
+    for i, row in zip(group, result.tokens):
+      ties += _assert_greedy_equal(target, PROMPTS[i], row, alone[i], f"{name}, prompt {i}")
+    _check_stats(result.stats, drafter, batch)
+    hist = np.asarray(result.stats.accepted_by_depth)
+    accepted += int(np.sum(hist * np.arange(len(hist))))
+  assert ties <= 1
+  assert accepted > 0, "no draft node was ever accepted: the test would not exercise acceptance"
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_identical_drafter_accepts_everything(target, greedy_drafters, batch):
+  """draft_lm with the target itself as draft (5 tokens): every node of every round is accepted,
+  so each round emits 6 tokens and tau = 128 / (1 + ceil(127 / 6)) = 128 / 23, the 6 below 7
+  only because the last round is cut at max_new_tokens (a draft-cache desync or an off-by-one in
+  the chain would show up as a partial acceptance)."""
+  drafter = greedy_drafters["draft_lm_self"]
+  rounds = -(-(NEW - 1) // 6)
+  for group in _groups(batch)[:3]:
+    stats = specjax.generate(target, [PROMPTS[i] for i in group], max_new_tokens=NEW,
+                             drafter=drafter, pad_to=PAD).stats
+    assert stats.target_calls == 1 + rounds
+    assert stats.accepted_by_depth == (0,) * 5 + (batch * rounds,)
+    assert stats.tau == pytest.approx(NEW / (1 + rounds), rel=1e-12) and stats.tau > 5
+    assert stats.acceptance_by_depth == (1.0,) * 5
+
+
+# ------------------------------------------------------------------------------------------------
+# 2. Sampling: chi-square against the exact law of the first three tokens.
+
+N_ROWS = 24576  # sampled rows per test, in one batched call
+ALPHA = 1e-6  # per test; 12 tests here: family-wise false alarm <= 1.2e-5 (Bonferroni)
+SAMPLING_PROMPT = [3, 1, 4, 1, 5, 1, 4, 2, 6, 5, 3, 1]  # repeats: prompt lookup proposes at once
+SAMPLING_PAD = 16
+SAMPLINGS = {"T1": SamplingConfig(1.0), "T0.7_p0.9": SamplingConfig(0.7, top_p=0.9)}
+
+
+@pytest.fixture(scope="module")
+def sampling_target():
+  return tt.sampling_target()
+
+
+# name -> builder. q-based chains (sampled drafts), deterministic trees, and the baseline.
+_SAMPLING_DRAFTERS = {
+    "none": lambda t: None,
+    "layer_skip": lambda t: drafters.build("layer_skip", t, num_layers=1, num_tokens=3),
+    "draft_lm_random": lambda t: draft_lm.build(t, draft=tt.sampling_draft(), num_tokens=3),
+    "draft_lm_self": lambda t: draft_lm.build(t, draft=t, num_tokens=2),
+    "token_recycling": lambda t: drafters.build("token_recycling", t),
+    "prompt_lookup": lambda t: drafters.build("prompt_lookup", t, num_tokens=3, num_branches=3),
+}
+
+
+@pytest.fixture(scope="module")
+def sampling_drafters(sampling_target):
+  return {name: build(sampling_target) for name, build in _SAMPLING_DRAFTERS.items()}
+
+
+def _top_p_margin(logits: np.ndarray, cfg: SamplingConfig) -> float:
+  """Distance of the top-p cut from 1 - top_p over all rows, in float64: a small margin means
+  float32 rounding could change the support, and the law would be ill-defined at 1e-6."""
+  if cfg.top_p >= 1.0:
+    return np.inf
+  x = np.sort(np.asarray(logits, np.float64) / cfg.temperature, axis=-1)
+  p = np.exp(x - x[..., -1:])
+  cum = np.cumsum(p / p.sum(-1, keepdims=True), axis=-1)
+  return float(np.min(np.abs(cum - (1.0 - cfg.top_p))))
+
+
+def _exact_law(target, prompt, cfg: SamplingConfig) -> np.ndarray:
+  """float64[V, V, V]: P(x1, x2, x3) = p(x1|prompt) p(x2|prompt,x1) p(x3|prompt,x1,x2), from
+  one cache-free forward over the V^2 sequences prompt + [x1, x2] and `target_probs` (the same
+  temperature / top-p processing the sampler uses; it is checked against transformers' warpers
+  in test_generate.py)."""
+  v, n = target.config.vocab_size, len(prompt)
+  seqs = [prompt + [a, b] for a in range(v) for b in range(v)]
+  logits = tt.logits_of(target, seqs)  # [V*V, n + 2, V]; row a * V + b
+  margin = _top_p_margin(logits[:, n - 1:], cfg)
+  assert margin > 1e-4, "top-p cut within float rounding of 1 - top_p: choose another prompt"
+  probs = np.asarray(target_probs(logits, cfg), np.float64)
+  probs /= probs.sum(-1, keepdims=True)
+  p1 = probs[0, n - 1]  # [V]
+  p2 = probs[::v, n]  # [V(x1), V]
+  p3 = probs[:, n + 1].reshape(v, v, v)  # [x1, x2, V]
+  return p1[:, None, None] * p2[:, :, None] * p3
+
+
+def _pooled_chi_square(counts: np.ndarray, probs: np.ndarray) -> tuple[float, int, float]:
+  """Pearson chi-square over the support with cells of expected count < 5 pooled into one (the
+  pool merged into the smallest cell if it is itself < 5). Returns (statistic, dof, p-value)."""
+  n = counts.sum()
+  support = probs > 0
+  exp, obs = n * probs[support], counts[support].astype(np.float64)
+  big = exp >= 5
+  cells_e, cells_o = list(exp[big]), list(obs[big])
+  if (~big).any():
+    pooled_e, pooled_o = exp[~big].sum(), obs[~big].sum()
+    if pooled_e >= 5 or not cells_e:
+      cells_e.append(pooled_e)
+      cells_o.append(pooled_o)
+    else:
+      j = int(np.argmin(cells_e))
+      cells_e[j] += pooled_e
+      cells_o[j] += pooled_o
+  e, o = np.array(cells_e), np.array(cells_o)
+  stat = float(np.sum((o - e) ** 2 / e))
+  dof = len(e) - 1
+  return stat, dof, float(scipy.stats.chi2.sf(stat, dof))
+
+
+def _power(dof: int, n: int, divergence: float = 0.01) -> float:
+  """P(reject at ALPHA) when the sampled law is off by D = sum (r - p)^2 / p = `divergence`
+  (noncentral chi-square with lambda = n D)."""
+  return float(scipy.stats.ncx2.sf(scipy.stats.chi2.isf(ALPHA, dof), dof, n * divergence))
+
+
+def test_sampling_target_has_structure(sampling_target):
+  """Premise of the sampling tests: the tiny target's laws are far from uniform and differ by
+  previous token and by position in the window, so a bug that reads the wrong row of p (another
+  block position) or ignores the prefix moves probability mass visibly."""
+  v, n = tt.SAMPLING_VOCAB, len(SAMPLING_PROMPT)
+  logits = tt.logits_of(sampling_target, [SAMPLING_PROMPT + [a, b] for a in range(v)
+                                          for b in range(v)])
+  p = np.asarray(target_probs(logits, SamplingConfig(1.0)), np.float64)
+  entropy = -np.sum(p * np.log(np.maximum(p, 1e-30)), axis=-1)
+  assert entropy[:, n - 1:].mean() < 0.75 * np.log(v)
+  tv = lambda a, b: 0.5 * np.abs(a - b).sum(-1)
+  p1, p2, p3 = p[0, n - 1], p[::v, n], p[:, n + 1].reshape(v, v, v)
+  assert tv(p2[:, None], p2[None]).mean() > 0.2  # x2's law depends on x1
+  assert tv(p3[:, :, None], p3[:, None, :]).mean() > 0.2  # x3's law depends on x2
+  assert tv(p3[:, None], p3[None]).mean() > 0.1  # ... and on x1, two positions back
+  assert tv(p1[None], p2).mean() > 0.2 and tv(p2[:, None], p3).mean() > 0.2  # rows differ
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sampling", list(SAMPLINGS))
+@pytest.mark.parametrize("name", list(_SAMPLING_DRAFTERS))
+def test_sampling_matches_exact_law(sampling_target, sampling_drafters, name, sampling):
+  """24576 copies of one prompt, generated in ONE batched call with 3 new tokens (each row has its
+  own rng stream: independent draws): the joint counts of (x1, x2, x3) follow the exact law of
+  the target (`_exact_law`), by a Pearson chi-square test with cells of expected count < 5 pooled,
+  rejected at ALPHA = 1e-6 (Bonferroni: the 12 such tests here have a family-wise false-alarm
+  probability <= 1.2e-5). The test asserts its own power: >= 0.99 against a bias of
+  D = sum (r - p)^2 / p = 0.01 over the pooled cells (N = 24576 gives > 0.9999 here).
+
+  x1 comes from the prefill, x2 and x3 from the first round(s): accepted drafts or the bonus
+  token, so rows that reject early test the residual draw. Cases: the q-based chain rule
+  (layer_skip and a random draft LM sampled with q; the target as its own draft LM, where every
+  draft must be accepted), the recursive tree rule (Token Recycling's 14-node tree, prompt
+  lookup's 3 branches), and drafter=None, which separates sampler bugs from speculation bugs.
+  Zero-probability outcomes (outside top-p) must never occur."""
+  cfg = SAMPLINGS[sampling]
+  drafter = sampling_drafters[name]
+  v = tt.SAMPLING_VOCAB
+  law = _exact_law(sampling_target, SAMPLING_PROMPT, cfg)
+  seed = 100 * list(_SAMPLING_DRAFTERS).index(name) + list(SAMPLINGS).index(sampling)
+  result = specjax.generate(sampling_target, [SAMPLING_PROMPT] * N_ROWS, max_new_tokens=3,
+                            drafter=drafter, temperature=cfg.temperature, top_p=cfg.top_p,
+                            seed=seed, pad_to=SAMPLING_PAD)
+  tokens = np.array(result.tokens)
+  assert tokens.shape == (N_ROWS, 3)
+  assert tokens.min() >= 0 and tokens.max() < v
+  counts = np.bincount((tokens[:, 0] * v + tokens[:, 1]) * v + tokens[:, 2], minlength=v ** 3)
+  impossible = counts[law.reshape(-1) == 0].sum()
+  assert impossible == 0, f"{impossible} rows drew a zero-probability outcome"
+  stat, dof, pvalue = _pooled_chi_square(counts, law.reshape(-1))
+  print(f"\n[{name}, {sampling}] N={N_ROWS} chi2={stat:.1f} dof={dof} p={pvalue:.3g} "
+        f"power(D=0.01)={_power(dof, N_ROWS):.4f} accepted_by_depth="
+        f"{result.stats.accepted_by_depth}")
+  assert _power(dof, N_ROWS) >= 0.99
+  assert pvalue > ALPHA, f"chi-square p = {pvalue:.2e} (stat {stat:.1f}, {dof} dof)"
+
+  hist = np.asarray(result.stats.accepted_by_depth)
+  if name == "none":
+    assert hist.tolist() == [2 * N_ROWS]
+  elif name == "draft_lm_self":  # q == p: accepted with probability exactly 1, one round
+    assert hist.tolist() == [0, 0, N_ROWS]
+  else:  # premise: both acceptances and rejections were exercised
+    assert hist[0] > 0 and hist[1:].sum() > 0
+
+
+# ------------------------------------------------------------------------------------------------
+# 3. Bad input and the edges of a round.
+
+
+def test_drafter_vocab_mismatch_is_rejected(target):
+  """A draft LM of another vocabulary cannot propose the target's token ids: ValueError naming
+  the vocab sizes, at build time (before anything is compiled)."""
+  other = tt.scaled_target(tt.config(tt.GREEDY_VOCAB + 4, num_layers=1), seed=3)
+  with pytest.raises(ValueError, match=r"vocab_size 100 != target vocab_size 96"):
+    draft_lm.build(target, draft=other)
+
+
+def test_unknown_drafter_name_lists_registered(target):
+  """An unknown name raises ValueError listing every registered drafter."""
+  with pytest.raises(ValueError, match="unknown drafter 'medusa_typo'") as err:
+    drafters.build("medusa_typo", target)
+  for name in drafters.names():
+    assert repr(name) in str(err.value)
+
+
+def test_max_new_tokens_cuts_an_accepted_path(target, greedy_drafters, ar):
+  """max_new_tokens = 128 with 6 tokens per round (the target as its 5-token draft LM, all
+  accepted): 1 + 22 * 6 = 133 tokens are emitted and the last round's path is cut after its
+  first node. Exactly 128 tokens come out per row, equal to autoregressive decoding."""
+  alone = ar[0]
+  group = _groups(4)[0]
+  result = specjax.generate(target, [PROMPTS[i] for i in group], max_new_tokens=NEW,
+                            drafter=greedy_drafters["draft_lm_self"], pad_to=PAD)
+  assert result.stats.accepted_by_depth[-1] == 4 * 22 and result.stats.target_calls == 23
+  assert result.tokens == [alone[i] for i in group]
+  assert result.stats.new_tokens == 4 * NEW
+
+
+def _truncate(row, eos):
+  return row[:row.index(eos) + 1] if eos in row else row
+
+
+def _eos_case(alone):
+  """(group, eos): a batch-4 group and a token that the group's first row emits for the first
+  time inside an accepted path of 6-token rounds (index j, j % 6 != 0: neither the prefill token
+  nor a bonus token), that another row emits at a different step, and that some row never
+  emits (it must run on to max_new_tokens)."""
+  for group in _groups(4):
+    rows = [alone[i] for i in group]
+    for eos in range(tt.GREEDY_VOCAB):
+      first = [r.index(eos) if eos in r else None for r in rows]
+      if (first[0] is not None and first[0] % 6 != 0 and first[0] < NEW - 6
+          and None in first and any(f not in (None, first[0]) for f in first[1:])):
+        return group, eos
+  raise AssertionError("no suitable EOS case in the prompts")
+
+
+@pytest.mark.parametrize("name", ["draft_lm_self", "prompt_lookup_tree", "token_recycling_tree",
+                                  "layer_skip"])
+def test_eos_stops_rows_independently(target, greedy_drafters, ar, name):
+  """EOS in a batch of 4: each row stops at its first EOS (kept, nothing after it), also when the
+  EOS is an accepted draft in the middle of a path; rows that finish early stop cleanly while
+  the others continue to max_new_tokens with unchanged tokens. Reference: each row's
+  autoregressive run alone with the same EOS."""
+  alone = ar[0]
+  group, eos = _eos_case(alone)
+  expect = [specjax.generate(target, [PROMPTS[i]], max_new_tokens=NEW, pad_to=PAD,
+                             eos_token_id=eos).tokens[0] for i in group]
+  assert expect == [_truncate(alone[i], eos) for i in group]
+  result = specjax.generate(target, [PROMPTS[i] for i in group], max_new_tokens=NEW,
+                            drafter=greedy_drafters[name], pad_to=PAD, eos_token_id=eos)
+  assert result.tokens == expect
+  assert result.stats.new_tokens == sum(map(len, expect))
+  assert result.tokens[0][-1] == eos and len(result.tokens[0]) < NEW
+  assert any(len(r) == NEW for r in result.tokens)
+  if name == "draft_lm_self":
+    # All nodes accepted: row 0's EOS sits at depth j % 6 of its round's path, not the bonus.
+    assert (len(result.tokens[0]) - 1) % 6 != 0
+
+
+# ------------------------------------------------------------------------------------------------
+# 4. pad_to.
+
+
+def test_pad_to_does_not_change_the_output(target, greedy_drafters, ar):
+  """Prompts padded to 40 instead of the default bucket (32) give the same tokens: padding is
+  masked everywhere, including Token Recycling's table seeding from the prefill."""
+  alone = ar[0]
+  drafter = greedy_drafters["token_recycling_tree"]
+  group = _groups(4)[1]
+  prompts = [PROMPTS[i] for i in group]
+  default = specjax.generate(target, prompts, max_new_tokens=NEW, drafter=drafter)
+  padded = specjax.generate(target, prompts, max_new_tokens=NEW, drafter=drafter, pad_to=40)
+  assert default.tokens == padded.tokens == [alone[i] for i in group]
+
+
+def test_pad_to_shorter_than_prompt_is_rejected(target):
+  with pytest.raises(ValueError, match=r"pad_to=8 is shorter than the longest prompt \(12\)"):
+    specjax.generate(target, [[1] * 5, [2] * 12], max_new_tokens=4, pad_to=8)
