@@ -64,6 +64,8 @@ def _usable(target) -> bool:
           description="the target's first layers + its LM head (self-speculation)")
 def build(target, *, num_layers: int | None = None, num_tokens: int = 4) -> LayerSkip:
   total = target.config.num_layers
+  if total < 2:
+    raise ValueError(f"layer_skip needs a target with at least 2 layers, this one has {total}")
   m = num_layers if num_layers is not None else max(1, total // 2)
   if not 1 <= m < total:
     raise ValueError(f"layer_skip num_layers must be in [1, {total - 1}], got {m}")
