@@ -41,6 +41,27 @@ class BenchmarkConfig:
   profile_repeats: int = 10
   out: str = "out/benchmark"
   data_dir: str | None = None
+  # Per-method builder options as "method.option=value", e.g. "prompt_lookup.num_tokens=4".
+  drafter_options: tuple[str, ...] = ()
+
+  def options_for(self, method: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in self.drafter_options:
+      key, _, value = item.partition("=")
+      name, _, option = key.partition(".")
+      if not option or not value:
+        raise ValueError(f"drafter option {item!r} is not of the form method.option=value")
+      if name == method:
+        out[option] = _literal(value)
+    return out
+
+
+def _literal(text: str) -> Any:
+  import ast
+  try:
+    return ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    return text
 
 
 def load_prompts(target: Target, dataset: str, cfg: BenchmarkConfig) -> list[list[int]]:
@@ -60,7 +81,7 @@ def load_prompts(target: Target, dataset: str, cfg: BenchmarkConfig) -> list[lis
 
 def run_method(target: Target, method: str, prompts: Sequence[list[int]], cfg: BenchmarkConfig,
                bar=None) -> dict[str, Any]:
-  drafter = None if method == AR else drafters.build(method, target)
+  drafter = None if method == AR else drafters.build(method, target, **cfg.options_for(method))
   pad_to = max(len(p) for p in prompts)
   kwargs = dict(max_new_tokens=cfg.max_new_tokens, drafter=drafter, temperature=cfg.temperature,
                 top_k=cfg.top_k, top_p=cfg.top_p, eos_token_id=[], pad_to=pad_to)

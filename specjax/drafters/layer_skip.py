@@ -62,7 +62,7 @@ def _usable(target) -> bool:
 
 @register("layer_skip", usable=_usable,
           description="the target's first layers + its LM head (self-speculation)")
-def build(target, *, num_layers: int | None = None, num_tokens: int = 4) -> LayerSkip:
+def build(target, *, num_layers: int | None = None, num_tokens: int = 3) -> LayerSkip:
   total = target.config.num_layers
   if total < 2:
     raise ValueError(f"layer_skip needs a target with at least 2 layers, this one has {total}")
