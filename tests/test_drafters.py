@@ -305,7 +305,8 @@ def test_layer_skip_exact_truncation_accepts_every_draft():
   layer-skip drafts (num_layers = L - 1) are all accepted, every round (tau = 5 but for the cut
   last round), and the tokens are the autoregressive ones."""
   target = tt.zero_last_layer(tt.greedy_target())
-  drafter = drafters.build("layer_skip", target, num_layers=target.config.num_layers - 1)
+  drafter = drafters.build("layer_skip", target, num_layers=target.config.num_layers - 1,
+                           num_tokens=4)
   prompts = _batch4_prompts()
   result = specjax.generate(target, prompts, max_new_tokens=128, drafter=drafter, pad_to=32)
   rounds = -(-127 // 5)
@@ -485,7 +486,7 @@ def test_registry_build_rejects_unusable_or_unknown(target, name, target_kind, m
     ("layer_skip", dict(num_tokens=0), r"num_tokens must be >= 1"),
     ("prompt_lookup", dict(min_ngram=3, max_ngram=2), r"min_ngram <= max_ngram"),
     ("prompt_lookup", dict(num_branches=0), r"num_branches must be >= 1"),
-    ("token_recycling", dict(k=2), r"k=2 is smaller than the template's largest rank"),
+    ("token_recycling", dict(k=1), r"k=1 is smaller than the template's largest rank"),
 ])
 def test_registry_build_rejects_bad_options(target, name, options, message):
   with pytest.raises(ValueError, match=message):
