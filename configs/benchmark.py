@@ -17,7 +17,7 @@ def get_config() -> BenchmarkConfig:
       target=None,  # None = the shipped embedded target
       methods=(),  # () = autoregressive + every drafter available for the target
       datasets=("humaneval", "stdlib_heldout"),
-      num_prompts=8,
+      num_prompts=16,
       max_prompt_tokens=256,
       max_new_tokens=128,
       temperature=0.0, top_k=0, top_p=1.0, seed=0,

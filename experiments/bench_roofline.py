@@ -43,8 +43,9 @@ def roofline(target, name: str, chains, prompt_len: int, max_new: int, repeats: 
   print(f"\n### {name}: {target.num_params / 1e6:.1f}M params, prompt {prompt_len}, "
         f"{max_new} new tokens, batch 1, T=0\n")
   print(f"autoregressive: {ar.stats.tokens_per_second:.1f} tokens/s, step {t_ar * 1e3:.2f} ms\n")
-  print("| N | tau | t_verify(N+1) / t_step | bound | measured speedup | efficiency |")
-  print("|---|---|---|---|---|---|")
+  print("| N | tau | t_verify(N+1) / t_step | bound (N+1) | bound (tau) | measured speedup | "
+        "efficiency vs bound (tau) |")
+  print("|---|---|---|---|---|---|---|")
   rows = []
   for n in chains:
     oracle = Oracle(reference, jnp.asarray([prompt_len], jnp.int32), num_tokens=n)
@@ -54,10 +55,14 @@ def roofline(target, name: str, chains, prompt_len: int, max_new: int, repeats: 
     t_v = profile_phases(target, prompt, drafter=oracle, max_new_tokens=max_new,
                          repeats=repeats)["t_verify"]
     bound = t_ar * (n + 1) / t_v
+    # The last round is cut at max_new_tokens, so the realised tau is below N + 1: the bound at
+    # the measured tau is the one the loop itself is judged against.
+    bound_tau = t_ar * r.stats.tau / t_v
     speedup = r.stats.tokens_per_second / ar.stats.tokens_per_second
-    rows.append(dict(n=n, tau=r.stats.tau, cost=t_v / t_ar, bound=bound, speedup=speedup))
-    print(f"| {n} | {r.stats.tau:.2f} | {t_v / t_ar:.2f} | {bound:.2f}x | {speedup:.2f}x | "
-          f"{speedup / bound:.0%} |", flush=True)
+    rows.append(dict(n=n, tau=r.stats.tau, cost=t_v / t_ar, bound=bound, bound_tau=bound_tau,
+                     speedup=speedup))
+    print(f"| {n} | {r.stats.tau:.2f} | {t_v / t_ar:.2f} | {bound:.2f}x | {bound_tau:.2f}x | "
+          f"{speedup:.2f}x | {speedup / bound_tau:.0%} |", flush=True)
   return rows
 
 
