@@ -41,7 +41,7 @@ def continuation_matches(history: jax.Array, hist_len: jax.Array, n: int) -> jax
 
 @struct.dataclass
 class PromptLookup(Stateless):
-  num_tokens: int = struct.field(pytree_node=False, default=4)
+  num_tokens: int = struct.field(pytree_node=False, default=3)
   num_branches: int = struct.field(pytree_node=False, default=1)
   max_ngram: int = struct.field(pytree_node=False, default=3)
   min_ngram: int = struct.field(pytree_node=False, default=1)
@@ -83,7 +83,7 @@ class PromptLookup(Stateless):
 
 
 @register("prompt_lookup", description="n-gram match in prompt + output (model-free)")
-def build(target, *, num_tokens: int = 4, num_branches: int = 1, max_ngram: int = 3,
+def build(target, *, num_tokens: int = 3, num_branches: int = 1, max_ngram: int = 3,
           min_ngram: int = 1) -> PromptLookup:
   if not 1 <= min_ngram <= max_ngram:
     raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
