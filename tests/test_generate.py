@@ -16,13 +16,13 @@ import hf_models
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import scipy.stats
 import torch
 import transformers
 from safetensors.numpy import load_file, save_file
 
 import specjax
 from specjax.sampling import SamplingConfig, process_logits
+from stats import pooled_chi_square
 
 VOCAB = 211  # hf_models._BASE
 NEW = 64
@@ -190,28 +190,6 @@ def _reference_probs(logits, temperature, top_k=0, top_p=1.0):
   return p / p.sum(), margin
 
 
-def _chi_square_pvalue(counts, probs):
-  """Pearson chi-square over the support, pooling cells with expected count < 5 into one cell
-  (merged into the smallest other cell if the pool itself is still < 5)."""
-  n = counts.sum()
-  support = probs > 0
-  exp, obs = n * probs[support], counts[support].astype(np.float64)
-  big = exp >= 5
-  cells_e, cells_o = list(exp[big]), list(obs[big])
-  if (~big).any():
-    pooled_e, pooled_o = exp[~big].sum(), obs[~big].sum()
-    if pooled_e >= 5 or not cells_e:
-      cells_e.append(pooled_e)
-      cells_o.append(pooled_o)
-    else:
-      j = int(np.argmin(cells_e))
-      cells_e[j] += pooled_e
-      cells_o[j] += pooled_o
-  cells_e, cells_o = np.array(cells_e), np.array(cells_o)
-  stat = np.sum((cells_o - cells_e) ** 2 / cells_e)
-  return scipy.stats.chi2.sf(stat, len(cells_e) - 1), len(cells_e)
-
-
 N_SAMPLES = 16384
 
 
@@ -236,7 +214,8 @@ def test_first_token_distribution_chi_square(hf_checkpoint, temperature, top_k, 
   counts = np.bincount(first, minlength=VOCAB)
   outside = counts[probs == 0].sum()
   assert outside == 0, f"{outside} draws of zero-probability tokens"
-  pvalue, cells = _chi_square_pvalue(counts, probs)
+  _, dof, pvalue = pooled_chi_square(counts, probs)
+  cells = dof + 1
   assert cells >= 3, "degenerate distribution: the test would have no power"
   assert pvalue > 1e-4, f"chi-square p = {pvalue:.2e} over {cells} cells"
 

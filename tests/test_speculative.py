@@ -29,6 +29,7 @@ from specjax import drafters
 from specjax.drafters import draft_lm
 from specjax.sampling import SamplingConfig, target_probs
 from specjax.trees import TreeTemplate
+from stats import pooled_chi_square
 
 NEW = 128  # greedy tokens per prompt
 PAD = 32  # every greedy prompt is <= 30 tokens: one padding, one program per (drafter, batch)
@@ -261,29 +262,6 @@ def _exact_law(target, prompt, cfg: SamplingConfig) -> np.ndarray:
   return p1[:, None, None] * p2[:, :, None] * p3
 
 
-def _pooled_chi_square(counts: np.ndarray, probs: np.ndarray) -> tuple[float, int, float]:
-  """Pearson chi-square over the support with cells of expected count < 5 pooled into one (the
-  pool merged into the smallest cell if it is itself < 5). Returns (statistic, dof, p-value)."""
-  n = counts.sum()
-  support = probs > 0
-  exp, obs = n * probs[support], counts[support].astype(np.float64)
-  big = exp >= 5
-  cells_e, cells_o = list(exp[big]), list(obs[big])
-  if (~big).any():
-    pooled_e, pooled_o = exp[~big].sum(), obs[~big].sum()
-    if pooled_e >= 5 or not cells_e:
-      cells_e.append(pooled_e)
-      cells_o.append(pooled_o)
-    else:
-      j = int(np.argmin(cells_e))
-      cells_e[j] += pooled_e
-      cells_o[j] += pooled_o
-  e, o = np.array(cells_e), np.array(cells_o)
-  stat = float(np.sum((o - e) ** 2 / e))
-  dof = len(e) - 1
-  return stat, dof, float(scipy.stats.chi2.sf(stat, dof))
-
-
 def _power(dof: int, n: int, divergence: float = 0.01) -> float:
   """P(reject at ALPHA) when the sampled law is off by D = sum (r - p)^2 / p = `divergence`
   (noncentral chi-square with lambda = n D)."""
@@ -339,7 +317,7 @@ def test_sampling_matches_exact_law(sampling_target, sampling_drafters, name, sa
   counts = np.bincount((tokens[:, 0] * v + tokens[:, 1]) * v + tokens[:, 2], minlength=v ** 3)
   impossible = counts[law.reshape(-1) == 0].sum()
   assert impossible == 0, f"{impossible} rows drew a zero-probability outcome"
-  stat, dof, pvalue = _pooled_chi_square(counts, law.reshape(-1))
+  stat, dof, pvalue = pooled_chi_square(counts, law.reshape(-1))
   print(f"\n[{name}, {sampling}] N={N_ROWS} chi2={stat:.1f} dof={dof} p={pvalue:.3g} "
         f"power(D=0.01)={_power(dof, N_ROWS):.4f} accepted_by_depth="
         f"{result.stats.accepted_by_depth}")
