@@ -36,4 +36,5 @@ def get_config():
       data=DataConfig(tokenizer_path=_target_tokenizer()),
       seq_len=256, batch_size=32, long_steps=50, long_seq_len=1024, seed=0,
       log_every=10, eval_every=250, save_every=50,
-      workdir="runs/draft_lm_stdlib", export_dir=assets.DRAFT_LM_DIR, export_dtype="float32")
+      workdir="runs/draft_lm_stdlib", export_dir="specjax/assets/draft_lm",
+      export_dtype="float32")

@@ -10,7 +10,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import platform
 import sys
+import sysconfig
 from typing import Any
 
 import jax
@@ -215,4 +217,26 @@ def export(cfg: LMTrainConfig, model_cfg: ModelConfig, result: loop.TrainResult,
 
 
 def _jsonable(x):
-  return json.loads(json.dumps(x, default=str))
+  """JSON-ready copy of `x` with machine paths made portable (`portable_path`)."""
+  plain = json.loads(json.dumps(x, default=str))
+
+  def fix(v):
+    if isinstance(v, dict):
+      return {k: fix(w) for k, w in v.items()}
+    if isinstance(v, list):
+      return [fix(w) for w in v]
+    return portable_path(v) if isinstance(v, str) else v
+
+  return fix(plain)
+
+
+def portable_path(text: str) -> str:
+  """Shipped metadata names no machine: the interpreter's stdlib becomes `<stdlib of CPython
+  X.Y.Z>`, paths under the working directory become relative; other strings pass unchanged."""
+  if not os.path.isabs(text):
+    return text
+  stdlib = sysconfig.get_paths()["stdlib"]
+  if os.path.normpath(text) == os.path.normpath(stdlib):
+    return f"<stdlib of {platform.python_implementation()} {platform.python_version()}>"
+  rel = os.path.relpath(text)
+  return text if rel.startswith("..") else rel
