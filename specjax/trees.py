@@ -264,3 +264,73 @@ def _check_q(q, tokens, valid) -> None:
     if q[b, i, tokens[b, i]] <= 0:
       raise ValueError(f"row {b}, node {i}: token {int(tokens[b, i])} has q = 0, so it cannot "
                        "have been sampled from q")
+
+
+# ------------------------------------------------------------------------------------------------
+# EAGLE-2's dynamic tree
+
+
+@struct.dataclass
+class DynamicTree:
+  """A grown tree in draft-vocabulary ids: `tree.tokens` are draft ids, `score` cumulative
+  log-probabilities (a node's score is its parent's plus its own draft log-probability)."""
+
+  tree: Tree
+  score: jax.Array  # float32[B, N]
+
+
+def grow_dynamic_tree(root_logp: jax.Array, expand, carry, *, depth: int, top_k: int,
+                      num_nodes: int) -> tuple[DynamicTree, object]:
+  """EAGLE-2 (Li et al. 2024): expand the best frontier by cumulative log-probability, then keep
+  the best `num_nodes` of everything proposed.
+
+  root_logp: float32[B, V] draft log-probabilities of the root's children.
+  expand(carry, tokens, parent, level) -> (logp, carry): runs the drafter on the frontier, the
+    `top_k` nodes at depth `level` (int32[B, k] draft ids; `parent[b, i]` is the index of node i's
+    parent in the previous frontier, 0 for the root when level == 1), returning float32[B, k, V]
+    log-probabilities of their children.
+
+  1. The root's top_k children form the depth-1 frontier.
+  2. For levels 1 .. depth - 1: each frontier node proposes its top_k children, scored parent
+     score + child log-probability (top_k^2 candidates, all kept); the best top_k of them are the
+     next frontier.
+  3. The tree is the best `num_nodes` of the top_k + (depth - 1) top_k^2 candidates, in candidate
+     order. A child never scores above its parent and ties go to the lower (earlier) candidate,
+     so the kept set contains every kept node's parent and parents precede children.
+
+  Shapes are static: a Python loop over `depth` levels with fixed k.
+  """
+  b = root_logp.shape[0]
+  k = top_k
+  most = k + (depth - 1) * k * k
+  if not 1 <= num_nodes <= most:
+    raise ValueError(f"num_nodes must be in [1, {most}] for depth {depth} and top_k {k}, "
+                     f"got {num_nodes}")
+  score, tok = jax.lax.top_k(root_logp.astype(jnp.float32), k)  # [B, k]
+  scores, tokens = [score], [tok]
+  parents, depths = [jnp.full((b, k), -1, jnp.int32)], [np.ones(k, np.int32)]
+  front_score, front_tok = score, tok
+  front_cand = jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32), (b, k))
+  front_parent = jnp.zeros((b, k), jnp.int32)
+  for level in range(1, depth):
+    logp, carry = expand(carry, front_tok, front_parent, level)
+    child_lp, child_tok = jax.lax.top_k(logp.astype(jnp.float32), k)  # [B, k, k]
+    child_score = (front_score[:, :, None] + child_lp).reshape(b, k * k)
+    scores.append(child_score)
+    tokens.append(child_tok.reshape(b, k * k))
+    parents.append(jnp.repeat(front_cand, k, axis=1))
+    depths.append(np.full(k * k, level + 1, np.int32))
+    front_score, flat = jax.lax.top_k(child_score, k)
+    front_parent = flat // k
+    front_tok = jnp.take_along_axis(tokens[-1], flat, axis=1)
+    front_cand = (k + (level - 1) * k * k + flat).astype(jnp.int32)
+  scores, tokens, parents = (jnp.concatenate(x, axis=1) for x in (scores, tokens, parents))
+  depth_all = jnp.asarray(np.concatenate(depths))
+  _, keep = jax.lax.top_k(scores, num_nodes)
+  keep = jnp.sort(keep, axis=1)  # candidate order: parents first
+  parent_cand = jnp.take_along_axis(parents, keep, axis=1)
+  # Position of each node's parent among the kept candidates (-1 under the root).
+  match = keep[:, None, :] == parent_cand[:, :, None]  # [B, N, N]
+  parent = jnp.where(parent_cand < 0, -1, jnp.argmax(match, axis=-1)).astype(jnp.int32)
+  tree = _make(jnp.take_along_axis(tokens, keep, axis=1), parent, depth_all[keep], None, None)
+  return DynamicTree(tree, jnp.take_along_axis(scores, keep, axis=1)), carry

@@ -63,6 +63,7 @@ def _entry(name: str) -> _Entry:
 
 
 # Registration happens on import of each family's file.
-from specjax.drafters import draft_lm, layer_skip, prompt_lookup, token_recycling  # noqa: E402,F401
+from specjax.drafters import (draft_lm, eagle, eagle3, hydra, layer_skip, medusa,  # noqa: E402,F401
+                              prompt_lookup, token_recycling)
 
 __all__ = ["Drafter", "NoDrafter", "available", "build", "describe", "names", "register"]

@@ -1,0 +1,21 @@
+"""The recipe the four shipped drafters share (one place, so they are trained alike)."""
+
+from specjax.train.drafter import DrafterTrainConfig
+from specjax.train.optim import OptimConfig
+
+STEPS = 600
+
+
+def drafter_config(method: str, *, train_steps: int, learning_rate: float,
+                   steps: int = STEPS) -> DrafterTrainConfig:
+  return DrafterTrainConfig(
+      method=method,
+      optim=OptimConfig(learning_rate=learning_rate, warmup_steps=30, total_steps=steps,
+                        final_lr_ratio=0.1, weight_decay=0.0, clip_norm=0.5),
+      source="self_distill", distill_rows=4096, distill_prompt_tokens=64,
+      distill_new_tokens=192, distill_temperature=0.0, distill_batch=128,
+      draft_vocab_size=2048, num_heads=4, train_steps=train_steps, step_decay=0.8,
+      eval_depth=4 if method in ("medusa", "hydra") else 5,
+      seq_len=256, batch_size=16, seed=0, log_every=10, eval_every=200, save_every=50,
+      eval_rows=64, workdir=f"runs/{method}_stdlib", export_dir=f"specjax/assets/{method}",
+      export_dtype="bfloat16")

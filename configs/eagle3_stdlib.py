@@ -1,0 +1,14 @@
+"""EAGLE-3 for the embedded target: fused layers (1, 3, 5), training-time test over 4 steps.
+
+  python -m experiments.train_drafter --config configs/eagle3_stdlib.py
+
+Self-distilled data (the target's greedy continuations of stdlib prompts), 2048-token draft
+vocabulary, own draft head initialised from the target's. Exports to specjax/assets/eagle3.
+Runtime: see the shipped metadata.json (wall_seconds) for 2 CPU cores.
+"""
+
+from configs.drafter_common import drafter_config
+
+
+def get_config():
+  return drafter_config("eagle3", train_steps=4, learning_rate=2e-3)

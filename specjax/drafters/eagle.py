@@ -1,0 +1,94 @@
+"""EAGLE (Li et al. 2024) with EAGLE-2's dynamic tree: one decoder layer at feature level.
+
+The feature is the target's final normed hidden state (hidden index L), the input of its LM head.
+At position i the drafter reads fc([e(x_{i+1}), f_i]) (2E -> E, with bias), runs one decoder
+layer (no input norm, as EAGLE's first layer) and outputs h_i, a prediction of f_{i+1}: the
+target's own LM head (over the draft vocabulary, frozen) turns it into the draft distribution of
+x_{i+2}, and h_i replaces f_{i+1} when drafting rolls forward. Training (specjax.train.drafter)
+uses teacher forcing with EAGLE's two losses: cross-entropy against the target's distribution
+and a smooth-L1 regression of h_i onto f_{i+1}.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from specjax.drafters import eagle_common, io, learned, register
+from specjax.models.config import ModelConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class EagleConfig:
+  model: ModelConfig  # the drafter layer's shapes: the target's config with num_layers = 1
+
+  @property
+  def dtype(self) -> str:
+    return self.model.dtype
+
+  def with_dtype(self, dtype: str) -> "EagleConfig":
+    return EagleConfig(self.model.replace(dtype=dtype))
+
+
+class EagleNet(nnx.Module):
+
+  def __init__(self, cfg: EagleConfig, rngs: nnx.Rngs):
+    m = cfg.model
+    e = m.hidden_size
+    self.fc = nnx.Linear(2 * e, e, use_bias=True, dtype=m.jnp_dtype, param_dtype=m.jnp_dtype,
+                         kernel_init=nnx.initializers.normal(0.02), rngs=rngs)
+    self.layer = eagle_common.DraftLayer(m, e, rngs)
+
+  def features(self, f: jax.Array) -> jax.Array:
+    return f
+
+  def inputs(self, h: jax.Array, emb: jax.Array):
+    x = self.fc(jnp.concatenate([emb, h], axis=-1))
+    return x, x
+
+  def logits(self, h: jax.Array, head: jax.Array) -> jax.Array:
+    return jnp.einsum("...E,EV->...V", h, head, preferred_element_type=jnp.float32)
+
+
+def hidden_layers(target_cfg: ModelConfig) -> tuple[int, ...]:
+  return (target_cfg.num_layers,)
+
+
+def make_config(target_cfg: ModelConfig, **_) -> EagleConfig:
+  return EagleConfig(target_cfg.replace(num_layers=1, attention_impl="xla"))
+
+
+def depth_logits(net: EagleConfig, params, head, feats, tokens, emb_table, num_steps: int,
+                 regression: bool = True):
+  """Training view: logits[s] for the token at t + s + 2 (unrolled on the drafter's outputs),
+  and EAGLE's feature regression of the step-0 output h_t onto f_{t+1}."""
+  module = learned.merge(EagleNet, net, params)
+  logits, outs = eagle_common.unroll(module, feats, tokens, emb_table, head, num_steps)
+  if not regression:
+    return logits, jnp.zeros((), jnp.float32)
+  err = (outs[0][:, :-1] - feats[:, 1:]).astype(jnp.float32)
+  smooth_l1 = jnp.where(jnp.abs(err) < 1.0, 0.5 * err**2, jnp.abs(err) - 0.5)
+  return logits, smooth_l1.sum(-1).mean()
+
+
+def _assemble(net, params, d2t, target, hidden_layers, **tree_options):
+  head = learned.restricted_head(target.config, target.params, d2t).astype(net.dtype)
+  return eagle_common.assemble(EagleNet, net, params, d2t, target, hidden_layers, head,
+                               **tree_options)
+
+
+FAMILY = io.register_family(io.Family(
+    name="eagle", module=EagleNet, config_cls=EagleConfig, hidden_layers=hidden_layers,
+    make_config=make_config, assemble=_assemble, depth_logits=depth_logits,
+    uses_target_head=True))
+
+
+@register("eagle", usable=io.shipped_usable("eagle"),
+          description="one feature-level decoder layer, EAGLE-2 dynamic tree (EAGLE-1/2)")
+def build(target, *, path: str | None = None, **tree_options):
+  """path: a drafter folder (default: the shipped one); tree_options: depth, top_k,
+  total_tokens of the dynamic tree."""
+  return io.load_drafter(path or io.asset_dir("eagle"), target, **tree_options)

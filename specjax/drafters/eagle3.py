@@ -1,0 +1,104 @@
+"""EAGLE-3 (Li et al. 2025): fused low / middle / high target features, training-time test.
+
+The hidden states of three target layers (`target_layer_ids`, stored with the checkpoint) are
+concatenated and fused by `fc` (3E -> E, no bias) into h. One decoder layer reads
+[input_layernorm(e(x_{i+1})), hidden_norm(h)] (2E wide q/k/v projections) with h as the residual
+stream; its output is both the next step's h and, through its own norm and LM head over the draft
+vocabulary, the draft distribution. There is no feature regression: the layer is trained with the
+training-time-test unroll (specjax.drafters.eagle_common.unroll), several steps on its own
+outputs with per-step decaying weights, so drafting deep in a tree is what it was trained for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from specjax.drafters import eagle_common, io, learned, register
+from specjax.models.config import ModelConfig
+from specjax.models.layers import RMSNorm
+
+
+@dataclasses.dataclass(frozen=True)
+class Eagle3Config:
+  model: ModelConfig  # the drafter layer's shapes: the target's config with num_layers = 1
+  num_features: int = 3  # target layers fused
+  draft_vocab_size: int = 2048
+
+  @property
+  def dtype(self) -> str:
+    return self.model.dtype
+
+  def with_dtype(self, dtype: str) -> "Eagle3Config":
+    return dataclasses.replace(self, model=self.model.replace(dtype=dtype))
+
+
+class Eagle3Net(nnx.Module):
+
+  def __init__(self, cfg: Eagle3Config, rngs: nnx.Rngs):
+    m = cfg.model
+    e, dtype = m.hidden_size, m.jnp_dtype
+    self.fc = nnx.Linear(cfg.num_features * e, e, use_bias=False, dtype=dtype, param_dtype=dtype,
+                         kernel_init=nnx.initializers.normal(0.02), rngs=rngs)
+    self.input_layernorm = RMSNorm(e, m.rms_norm_eps, dtype)
+    self.hidden_norm = RMSNorm(e, m.rms_norm_eps, dtype)
+    self.layer = eagle_common.DraftLayer(m, 2 * e, rngs)
+    self.norm = RMSNorm(e, m.rms_norm_eps, dtype)
+    self.lm_head = nnx.Linear(e, cfg.draft_vocab_size, use_bias=False, dtype=dtype,
+                              param_dtype=dtype, kernel_init=nnx.initializers.normal(0.02),
+                              rngs=rngs)
+
+  def features(self, f: jax.Array) -> jax.Array:
+    return self.fc(f)
+
+  def inputs(self, h: jax.Array, emb: jax.Array):
+    return jnp.concatenate([self.input_layernorm(emb), self.hidden_norm(h)], axis=-1), h
+
+  def logits(self, h: jax.Array, head=None) -> jax.Array:
+    return self.lm_head(self.norm(h)).astype(jnp.float32)
+
+
+def hidden_layers(target_cfg: ModelConfig) -> tuple[int, ...]:
+  """Low, middle and high: outputs of layers 1, L // 2 and L - 1 (HF hidden-state indices).
+
+  EAGLE-3 taps the inputs of layers 2, L // 2 and L - 3 of deep targets; on a 6-layer target
+  that rule repeats a layer, so the three taps are spread over the whole depth instead.
+  """
+  n = target_cfg.num_layers
+  if n < 3:
+    raise ValueError(f"EAGLE-3 fuses three target layers; this target has {n}")
+  return (1, n // 2, n - 1)
+
+
+def make_config(target_cfg: ModelConfig, *, draft_vocab_size: int, **_) -> Eagle3Config:
+  return Eagle3Config(target_cfg.replace(num_layers=1, attention_impl="xla"), 3,
+                      draft_vocab_size)
+
+
+def depth_logits(net: Eagle3Config, params, head, feats, tokens, emb_table, num_steps: int):
+  """Training view: logits[s] for the token at t + s + 2 from the training-time-test unroll."""
+  module = learned.merge(Eagle3Net, net, params)
+  logits, _ = eagle_common.unroll(module, feats, tokens, emb_table, None, num_steps)
+  return logits, jnp.zeros((), jnp.float32)
+
+
+def _assemble(net, params, d2t, target, hidden_layers, **tree_options):
+  return eagle_common.assemble(Eagle3Net, net, params, d2t, target, hidden_layers, None,
+                               **tree_options)
+
+
+FAMILY = io.register_family(io.Family(
+    name="eagle3", module=Eagle3Net, config_cls=Eagle3Config, hidden_layers=hidden_layers,
+    make_config=make_config, assemble=_assemble, depth_logits=depth_logits,
+    uses_target_head=False))
+
+
+@register("eagle3", usable=io.shipped_usable("eagle3"),
+          description="fused low/mid/high features, own draft head, training-time test (EAGLE-3)")
+def build(target, *, path: str | None = None, **tree_options):
+  """path: a drafter folder (default: the shipped one); tree_options: depth, top_k,
+  total_tokens of the dynamic tree."""
+  return io.load_drafter(path or io.asset_dir("eagle3"), target, **tree_options)

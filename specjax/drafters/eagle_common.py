@@ -1,0 +1,256 @@
+"""The feature-level autoregressive drafter shared by EAGLE (1/2) and EAGLE-3.
+
+Both families run one decoder layer over pairs (feature of position i, embedding of token i + 1)
+at RoPE position i; its output h_i stands for the feature of position i + 1 and gives the draft
+distribution of token i + 2. Drafting rolls forward on the drafter's own outputs. A family's
+network module supplies four pieces (see `eagle.py`, `eagle3.py`):
+
+  features(target_feats) -> h         what the target's features become (identity / fused fc)
+  inputs(h, emb) -> (attn_in, resid)  the layer's attention input and residual stream
+  layer: DraftLayer                   q/k/v/o projections over attn_in, SwiGLU MLP
+  logits(h_out, head) -> [.., Vd]     the draft head (the target's restricted head / its own)
+
+Inference (`EagleDrafter`, one jitted round). The drafter keeps its own one-layer KV cache whose
+committed length c is hist_len - 2 at the start of a round: slots < c hold pairs whose feature is
+a *target* feature. `update` stores the target features of the block rows on the accepted path
+(pending + accepted nodes); the next `draft` feeds those n_accepted + 1 pairs (row j: feature of
+position c + j, token history[c + j + 1]), which makes c = hist_len - 1; its last output drafts
+the root's children. EAGLE-2's dynamic tree (`trees.grow_dynamic_tree`) then feeds each frontier
+of top_k nodes at one position per level; their keys go to tree slots after c, where each node
+sees the committed prefix and its ancestors-or-self (its own row of the ancestor mask). Tree slots
+are never committed: the next round overwrites them.
+
+Training (`unroll`) is EAGLE-3's training-time test: step 0 runs the pairs with target features
+(teacher forcing, causal attention); step s feeds, at index t, the step s - 1 output with token
+t + s + 1 at position t + s, attending to the step-0 keys at indices <= t and to its own keys of
+steps 1..s at index t -- exactly what the depth-(s + 1) node of a tree rooted after position t
+sees at inference. EAGLE (1/2) trains step 0 only (plus its feature regression); evaluation
+unrolls both.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx, struct
+
+from specjax import trees
+from specjax.drafters import learned
+from specjax.drafters.base import DraftContext, Prefill, RoundResult, TargetView
+from specjax.models import attention, decoder
+from specjax.models.cache import KVCache
+from specjax.models.config import ModelConfig
+from specjax.models.layers import MLP, RMSNorm, _linear, apply_rope, rope_inv_freq, rope_tables
+
+
+class DraftLayer(nnx.Module):
+  """One pre-norm decoder layer whose attention reads an `attn_in`-wide input (EAGLE-3: 2E)."""
+
+  def __init__(self, cfg: ModelConfig, attn_in: int, rngs: nnx.Rngs):
+    e, h, k, d = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    self.q_proj = _linear(cfg, attn_in, h * d, cfg.qkv_bias, rngs)
+    self.k_proj = _linear(cfg, attn_in, k * d, cfg.qkv_bias, rngs)
+    self.v_proj = _linear(cfg, attn_in, k * d, cfg.qkv_bias, rngs)
+    self.o_proj = _linear(cfg, h * d, e, cfg.o_bias, rngs)
+    if cfg.qk_norm:
+      self.q_norm = RMSNorm(d, cfg.rms_norm_eps, cfg.jnp_dtype)
+      self.k_norm = RMSNorm(d, cfg.rms_norm_eps, cfg.jnp_dtype)
+    self.post_attention_layernorm = RMSNorm(e, cfg.rms_norm_eps, cfg.jnp_dtype)
+    self.mlp = MLP(cfg, rngs)
+    self.qk_norm = cfg.qk_norm
+    self.shape = (h, k, d)
+    self.rope = (d, cfg.rope_theta, cfg.rope_scaling)  # static; the table is built at trace time
+
+  def qkv(self, x: jax.Array, positions: jax.Array):
+    """x: [B, T, attn_in], positions int32[B, T] -> q [B, T, H, D], k, v [B, T, K, D]."""
+    b, t, _ = x.shape
+    h, kv, d = self.shape
+    q = self.q_proj(x).reshape(b, t, h, d)
+    k = self.k_proj(x).reshape(b, t, kv, d)
+    v = self.v_proj(x).reshape(b, t, kv, d)
+    if self.qk_norm:
+      q, k = self.q_norm(q), self.k_norm(k)
+    cos, sin = rope_tables(positions, rope_inv_freq(*self.rope))
+    return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+  def finish(self, residual: jax.Array, attn_out: jax.Array) -> jax.Array:
+    b, t = attn_out.shape[:2]
+    x = residual + self.o_proj(attn_out.reshape(b, t, -1))
+    return x + self.mlp(self.post_attention_layernorm(x))
+
+  @property
+  def sm_scale(self) -> float:
+    return self.shape[2] ** -0.5
+
+
+# ------------------------------------------------------------------------------------------------
+# Training: the training-time-test unroll
+
+
+def _ttt_attention(q, keys, values, sm_scale):
+  """q [B, T, H, D] of step s; keys/values: per step 0..s [B, T, K, D]. Index t sees step-0 keys
+  at indices <= t and the keys of steps 1..s at index t (its own chain)."""
+  b, t, h, d = q.shape
+  kv = keys[0].shape[2]
+  qg = q.reshape(b, t, kv, h // kv, d)
+  causal = jnp.tril(jnp.ones((t, t), bool))
+  s0 = jnp.einsum("BTKGD,BSKD->BKGTS", qg, keys[0], preferred_element_type=jnp.float32)
+  s0 = jnp.where(causal, s0 * sm_scale, attention._MASK_VALUE)
+  diag = [jnp.einsum("BTKGD,BTKD->BKGT", qg, k, preferred_element_type=jnp.float32)[..., None]
+          * sm_scale for k in keys[1:]]
+  probs = jax.nn.softmax(jnp.concatenate([s0, *diag], axis=-1), axis=-1)
+  out = jnp.einsum("BKGTS,BSKD->BTKGD", probs[..., :t].astype(values[0].dtype), values[0],
+                   preferred_element_type=jnp.float32)
+  for j, v in enumerate(values[1:]):
+    out = out + probs[..., t + j].transpose(0, 3, 1, 2)[..., None] * v[:, :, :, None]
+  return out.reshape(b, t, h, d).astype(q.dtype)
+
+
+def unroll(net, feats: jax.Array, tokens: jax.Array, emb_table: jax.Array, head,
+           num_steps: int):
+  """logits[s, b, t] (draft vocabulary) for the token at t + s + 2, and the step outputs h[s].
+
+  feats: [B, T, F] target features; tokens: int32[B, T]. Token t + s + 1 past the row's end is
+  replaced by token 0 (its logits are never scored: their targets are past the end too).
+  """
+  b, t = tokens.shape
+  h = net.features(feats)
+  positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+  keys, values, logits, outs = [], [], [], []
+  for s in range(num_steps):
+    nxt = jnp.pad(tokens[:, s + 1:], ((0, 0), (0, s + 1)))
+    attn_in, resid = net.inputs(h, jnp.take(emb_table, nxt, axis=0).astype(h.dtype))
+    q, k, v = net.layer.qkv(attn_in, positions + s)
+    keys.append(k)
+    values.append(v)
+    h = net.layer.finish(resid, _ttt_attention(q, keys, values, net.layer.sm_scale))
+    outs.append(h)
+    logits.append(net.logits(h, head))
+  return jnp.stack(logits), jnp.stack(outs)
+
+
+# ------------------------------------------------------------------------------------------------
+# Inference
+
+
+@struct.dataclass
+class EagleState:
+  cache: KVCache  # [1, B, S_d, K, D] the drafter's own; length = c
+  feats: jax.Array  # [B, N + 1, F] target features of the pairs not yet fed
+  n_new: jax.Array  # int32[B] how many of them (>= 1)
+
+
+@struct.dataclass
+class EagleDrafter(learned.LearnedDrafter):
+  """EAGLE-2 dynamic-tree drafting with a family's network (`module`, `net` config)."""
+
+  module: type = struct.field(pytree_node=False, default=None)
+  net: object = struct.field(pytree_node=False, default=None)
+  depth: int = struct.field(pytree_node=False, default=6)
+  top_k: int = struct.field(pytree_node=False, default=4)
+  total_tokens: int = struct.field(pytree_node=False, default=16)
+  hidden_layers: tuple[int, ...] = struct.field(pytree_node=False, default=())
+  sampled: bool = struct.field(pytree_node=False, default=False)  # top-k children: one-hot q
+
+  @property
+  def num_nodes(self) -> int:
+    return self.total_tokens
+
+  @property
+  def _tree_slots(self) -> int:
+    return (self.depth - 1) * self.top_k
+
+  def _net(self):
+    return learned.merge(self.module, self.net, self.params)
+
+  def _feed(self, net, h, emb, positions, cache: KVCache, write_at, mask):
+    """Runs the layer on [B, T] pairs, writing their K/V at `write_at`; mask: bool[B, T, S_d]."""
+    attn_in, resid = net.inputs(h, emb)
+    q, k, v = net.layer.qkv(attn_in, positions)
+    cache = cache.replace(length=write_at).write(0, k, v)
+    out = attention.xla_attention(q, cache.k[0], cache.v[0], None, mask,
+                                  sm_scale=net.layer.sm_scale)
+    return net.layer.finish(resid, out), cache
+
+  def init(self, target: TargetView, prefill: Prefill) -> EagleState:
+    net = self._net()
+    b, p = prefill.prompt.shape
+    cfg = target.config
+    slots = prefill.history.shape[1] + self._tree_slots + self.total_tokens + 1
+    cache = KVCache.init(1, b, slots, cfg.num_kv_heads, cfg.head_dim, self.head_dtype)
+    feats = learned.concat_features(prefill.hidden).astype(self.head_dtype)  # [B, P, F]
+    n_fed = prefill.hist_len - 2  # pairs 0 .. prompt_len - 2; the last one stays pending
+    positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
+    emb = learned.embed(cfg, target.params, prefill.history[:, 1:p + 1]).astype(self.head_dtype)
+    mask = attention.full_mask(jnp.zeros((b,), jnp.int32), decoder.causal_mask(n_fed, p), slots)
+    _, cache = self._feed(net, net.features(feats), emb, positions, cache,
+                          jnp.zeros((b,), jnp.int32), mask)
+    pending = learned.take_rows(feats, n_fed)[:, None]
+    pad = jnp.zeros((b, self.total_tokens, feats.shape[-1]), feats.dtype)
+    return EagleState(cache.replace(length=n_fed), jnp.concatenate([pending, pad], axis=1),
+                      jnp.ones((b,), jnp.int32))
+
+  @property
+  def head_dtype(self):
+    return jax.tree.leaves(self.params)[0].dtype
+
+  def draft(self, target: TargetView, state: EagleState, ctx: DraftContext):
+    net = self._net()
+    cfg = target.config
+    b, rows = state.feats.shape[:2]
+    c = state.cache.length
+    slots = state.cache.max_len
+    # Feed the pending pairs: row j = (target feature of position c + j, token c + j + 1).
+    idx = c[:, None] + jnp.arange(rows)[None, :]
+    toks = jnp.take_along_axis(ctx.history, jnp.clip(idx + 1, 0, ctx.history.shape[1] - 1), 1)
+    emb = learned.embed(cfg, target.params, toks).astype(self.head_dtype)
+    mask = attention.full_mask(c, decoder.causal_mask(state.n_new, rows), slots)
+    out, cache = self._feed(net, net.features(state.feats), emb, idx, state.cache, c, mask)
+    h_root = learned.take_rows(out, state.n_new - 1)  # [B, E]
+    c = c + state.n_new  # = hist_len - 1: the pairs up to pending are committed
+    root_logp = learned.draft_logprobs(net.logits(h_root, self.head))
+    k, tree_slots = self.top_k, self._tree_slots
+
+    def expand(carry, tokens, parent, level):
+      cache, parent_h, anc = carry  # anc: [B, k, tree_slots] ancestor rows of the frontier
+      h = jnp.take_along_axis(parent_h, parent[:, :, None], axis=1)
+      own = (level - 1) * k + jnp.arange(k)
+      anc = jnp.take_along_axis(anc, parent[:, :, None], axis=1) | (
+          jnp.arange(tree_slots)[None, None, :] == own[None, :, None])
+      emb = learned.embed(cfg, target.params, self.to_target_ids(tokens)).astype(h.dtype)
+      positions = jnp.broadcast_to((c + level - 1)[:, None], (b, k))
+      out, cache = self._feed(net, h, emb, positions, cache, c + (level - 1) * k,
+                              attention.full_mask(c, anc, slots))
+      return learned.draft_logprobs(net.logits(out, self.head)), (cache, out, anc)
+
+    carry = (cache, h_root[:, None], jnp.zeros((b, 1, tree_slots), bool))
+    grown, (cache, _, _) = trees.grow_dynamic_tree(
+        root_logp, expand, carry, depth=self.depth, top_k=k, num_nodes=self.total_tokens)
+    tree = grown.tree.replace(tokens=self.to_target_ids(grown.tree.tokens))
+    return tree, EagleState(cache.replace(length=c), state.feats, state.n_new), ctx.cache
+
+  def update(self, target: TargetView, state: EagleState, result: RoundResult) -> EagleState:
+    acc = result.acceptance
+    feats = learned.concat_features(result.hidden).astype(state.feats.dtype)  # [B, N+1, F]
+    feats = jnp.take_along_axis(feats, acc.path[:, :, None], axis=1)
+    live = result.live
+    return EagleState(state.cache, jnp.where(live[:, None, None], feats, state.feats),
+                      jnp.where(live, acc.n_accepted + 1, state.n_new))
+
+
+def check_tree_options(depth: int, top_k: int, total_tokens: int, vocab: int) -> None:
+  if depth < 1 or top_k < 1:
+    raise ValueError(f"depth and top_k must be >= 1, got depth={depth}, top_k={top_k}")
+  if top_k > vocab:
+    raise ValueError(f"top_k {top_k} exceeds the draft vocabulary ({vocab})")
+  most = top_k + (depth - 1) * top_k * top_k
+  if not 1 <= total_tokens <= most:
+    raise ValueError(f"total_tokens must be in [1, {most}] for depth {depth} and top_k "
+                     f"{top_k}, got {total_tokens}")
+
+
+def assemble(module, net, params, d2t, target, hidden_layers, head, *, depth: int = 6,
+             top_k: int = 4, total_tokens: int = 16) -> EagleDrafter:
+  depth, top_k, total_tokens = int(depth), int(top_k), int(total_tokens)
+  check_tree_options(depth, top_k, total_tokens, d2t.shape[0])
+  return EagleDrafter(params, d2t, head, module, net, depth, top_k, total_tokens, hidden_layers)

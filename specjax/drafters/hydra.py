@@ -1,0 +1,157 @@
+"""Hydra (Ankner et al. 2024): Medusa heads made sequentially dependent on the drafted tokens.
+
+Head d reads the target's hidden state f_t at the last committed position *and* the embeddings
+of the tokens between it and the token it predicts: pending, then the d - 1 tokens drafted above
+the node in the tree (each tree path conditions its own children). Head d is a residual MLP
+
+  z = f_t + W_d [f_t, e(x_{t+1}), ..., e(x_{t+d})],   h = z + SiLU(U_d z + c_d),
+
+followed by the target's LM head over the draft vocabulary, with W_d and U_d zero at
+initialisation (an untrained head predicts what the target's LM head does, as Medusa's). The
+static tree is expanded level by level: head d runs once on every depth-(d - 1) node that has
+children, a batched matmul per level.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx, struct
+
+from specjax import trees
+from specjax.drafters import io, learned, register
+from specjax.drafters.base import DraftContext, Prefill, RoundResult, TargetView
+from specjax.drafters.medusa import (DEFAULT_CHOICES, HeadState, check_template,
+                                     last_feature_after_round, last_feature_at_prefill,
+                                     parse_choices)
+
+
+@dataclasses.dataclass(frozen=True)
+class HydraConfig:
+  hidden_size: int
+  num_heads: int = 4
+  dtype: str = "float32"
+
+  def with_dtype(self, dtype: str) -> "HydraConfig":
+    return dataclasses.replace(self, dtype=dtype)
+
+
+class HydraHead(nnx.Module):
+
+  def __init__(self, e: int, depth: int, dtype, rngs: nnx.Rngs):
+    self.w_in = nnx.Param(jnp.zeros(((depth + 1) * e, e), dtype))
+    self.w_res = nnx.Param(jnp.zeros((e, e), dtype))
+    self.b_res = nnx.Param(jnp.zeros((e,), dtype))
+
+  def __call__(self, f: jax.Array, embs: jax.Array) -> jax.Array:
+    """f: [..., E]; embs: [..., d, E] the tokens after f's position -> [..., E]."""
+    x = jnp.concatenate([f, embs.reshape(embs.shape[:-2] + (-1,))], axis=-1)
+    z = f + x @ self.w_in[...]
+    return z + jax.nn.silu(z @ self.w_res[...] + self.b_res[...])
+
+
+class HydraHeads(nnx.Module):
+
+  def __init__(self, cfg: HydraConfig, rngs: nnx.Rngs):
+    dtype = jnp.dtype(cfg.dtype)
+    self.heads = nnx.List([HydraHead(cfg.hidden_size, d, dtype, rngs)
+                           for d in range(1, cfg.num_heads + 1)])
+
+
+def _levels(template: trees.TreeTemplate):
+  """Per depth d: the static parents of depth-d nodes (-1 = root) and each node's parent slot."""
+  levels = []
+  for d in range(1, template.max_depth + 1):
+    nodes = np.nonzero(template.depth == d)[0]
+    parents = sorted(set(int(p) for p in template.parent[nodes]))
+    slot = np.asarray([parents.index(int(p)) for p in template.parent[nodes]], np.int32)
+    levels.append((nodes, np.asarray(parents, np.int32), slot))
+  return levels
+
+
+def _ancestors(template: trees.TreeTemplate, node: int) -> list[int]:
+  path = []
+  while node >= 0:
+    path.append(node)
+    node = int(template.parent[node])
+  return path[::-1]
+
+
+@struct.dataclass
+class Hydra(learned.LearnedDrafter):
+  net: HydraConfig = struct.field(pytree_node=False, default=None)
+  template: trees.TreeTemplate = struct.field(pytree_node=False, default=None)
+  hidden_layers: tuple[int, ...] = struct.field(pytree_node=False, default=())
+  sampled: bool = struct.field(pytree_node=False, default=False)
+
+  @property
+  def num_nodes(self) -> int:
+    return self.template.num_nodes
+
+  def init(self, target: TargetView, prefill: Prefill) -> HeadState:
+    return last_feature_at_prefill(prefill)
+
+  def update(self, target: TargetView, state: HeadState, result: RoundResult) -> HeadState:
+    return last_feature_after_round(state, result)
+
+  def draft(self, target: TargetView, state: HeadState, ctx: DraftContext):
+    heads = learned.merge(HydraHeads, self.net, self.params).heads
+    b = ctx.pending.shape[0]
+    f = state.feature.astype(self.head.dtype)
+    pending_emb = learned.embed(target.config, target.params, ctx.pending)  # [B, E]
+    tokens = jnp.zeros((b, self.num_nodes), jnp.int32)  # target ids, filled level by level
+    for d, (nodes, parents, slot) in enumerate(_levels(self.template), start=1):
+      # The conditioning tokens of each parent: pending, then the parent's path in the tree.
+      embs = [jnp.broadcast_to(pending_emb[:, None], (b, len(parents), f.shape[-1]))]
+      if d > 1:
+        paths = np.asarray([_ancestors(self.template, int(p)) for p in parents])  # [P, d-1]
+        embs.append(learned.embed(target.config, target.params, tokens[:, paths]))
+      embs = jnp.concatenate([embs[0][:, :, None], *embs[1:]], axis=2)  # [B, P, d, E]
+      h = heads[d - 1](jnp.broadcast_to(f[:, None], embs.shape[:2] + f.shape[-1:]), embs)
+      logits = jnp.einsum("BPE,EV->BPV", h, self.head, preferred_element_type=jnp.float32)
+      k = int(self.template.rank[nodes].max()) + 1
+      _, ranked = jax.lax.top_k(logits, k)  # [B, P, k]
+      picked = ranked[:, slot, self.template.rank[nodes]]  # [B, nodes]
+      tokens = tokens.at[:, nodes].set(self.to_target_ids(picked))
+    return self.template.tree(tokens), state, ctx.cache
+
+
+def depth_logits(net: HydraConfig, params, head, feats, tokens, emb_table, num_steps: int):
+  """Training view: logits[s, b, t] for the token at t + s + 2, head s + 1 conditioned on the
+  true tokens x_{t+1} .. x_{t+s+1} (teacher forcing; rows past the end see zero embeddings)."""
+  heads = learned.merge(HydraHeads, net, params).heads
+  b, t = tokens.shape
+  shifted = [jnp.take(emb_table, jnp.pad(tokens[:, j:], ((0, 0), (0, j))), axis=0)
+             * (jnp.arange(t) < t - j)[None, :, None] for j in range(1, num_steps + 1)]
+  out = []
+  for s in range(num_steps):
+    h = heads[s](feats, jnp.stack(shifted[:s + 1], axis=2))
+    out.append(jnp.einsum("BTE,EV->BTV", h, head, preferred_element_type=jnp.float32))
+  return jnp.stack(out), jnp.zeros((), jnp.float32)
+
+
+def _assemble(net: HydraConfig, params, d2t, target, hidden_layers, *, choices=None) -> Hydra:
+  template = trees.TreeTemplate.from_paths(parse_choices(choices) or DEFAULT_CHOICES)
+  check_template(template, net.num_heads, d2t.shape[0])
+  head = learned.restricted_head(target.config, target.params, d2t).astype(net.dtype)
+  return Hydra(params, d2t, head, net, template, hidden_layers)
+
+
+def _make_config(target_cfg, *, num_heads: int = 4, **_) -> HydraConfig:
+  return HydraConfig(target_cfg.hidden_size, num_heads)
+
+
+FAMILY = io.register_family(io.Family(
+    name="hydra", module=HydraHeads, config_cls=HydraConfig,
+    hidden_layers=lambda cfg: (cfg.num_layers,), make_config=_make_config, assemble=_assemble,
+    depth_logits=depth_logits, uses_target_head=True))
+
+
+@register("hydra", usable=io.shipped_usable("hydra"),
+          description="Medusa heads conditioned on the tokens drafted before them (Hydra)")
+def build(target, *, path: str | None = None, choices=None) -> Hydra:
+  """path: a drafter folder (default: the one shipped for the embedded target)."""
+  return io.load_drafter(path or io.asset_dir("hydra"), target, choices=choices)

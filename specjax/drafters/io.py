@@ -1,0 +1,211 @@
+"""Saving and loading learned drafters: a folder of `config.json` + `model.safetensors`.
+
+  config.json        {"method", "net" (the family's network config), "hidden_layers" (target
+                     hidden-state indices the drafter reads: required metadata, never guessed),
+                     "draft_vocab_size", "target" (vocab_size, hidden_size, num_layers,
+                     architecture it was trained against)}
+  model.safetensors  the network's params by dotted path, and `d2t` (int32[Vd]: the target id
+                     of each draft id; explicit ids, not EAGLE's offsets)
+  metadata.json      optional: how it was trained (steps, wall time, held-out agreement)
+
+`load_drafter(path, target, **tree_options)` refuses a drafter made for a target of another
+vocabulary, hidden size or depth, and names missing or corrupt files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Callable
+
+import hashlib
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from safetensors import SafetensorError, safe_open
+from safetensors.flax import save_file
+
+from specjax import assets
+from specjax.drafters import learned
+from specjax.models.config import ModelConfig
+
+CONFIG = "config.json"
+WEIGHTS = "model.safetensors"
+METADATA = "metadata.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+  """A learned drafter family: its network, how it reads the target and how it is assembled."""
+
+  name: str
+  module: type  # the nnx.Module of its network, built from `config_cls`
+  config_cls: type
+  hidden_layers: Callable[[ModelConfig], tuple[int, ...]]  # target taps for a target config
+  make_config: Callable[..., Any]  # (target_cfg, **training options) -> network config
+  # (net_cfg, params, d2t, target, hidden_layers, **tree_options) -> the drafter pytree
+  assemble: Callable[..., Any]
+  # (net_cfg, params, head, feats, tokens, emb_table, num_steps) -> (logits[S, B, T, Vd], aux)
+  depth_logits: Callable[..., Any]
+  uses_target_head: bool  # drafts through the target's LM head restricted to the draft vocab
+
+
+FAMILIES: dict[str, Family] = {}
+
+
+def register_family(family: Family) -> Family:
+  FAMILIES[family.name] = family
+  return family
+
+
+def family(name: str) -> Family:
+  if name not in FAMILIES:
+    raise ValueError(f"unknown learned drafter method {name!r}; known: {sorted(FAMILIES)}")
+  return FAMILIES[name]
+
+
+def _net_to_dict(net) -> dict[str, Any]:
+  return learned.asdict_static(net)
+
+
+def _net_from_dict(cls, d: dict[str, Any]):
+  kwargs = {}
+  for f in dataclasses.fields(cls):
+    if f.name not in d:
+      continue
+    v = d[f.name]
+    kwargs[f.name] = ModelConfig.from_hf_dict(v) if f.name == "model" else v
+  return cls(**kwargs)
+
+
+def tokenizer_sha256(tokenizer) -> str | None:
+  return None if tokenizer is None else hashlib.sha256(tokenizer.to_str().encode()).hexdigest()
+
+
+def save_drafter(path: str | os.PathLike, method: str, net, params: nnx.State, d2t,
+                 target_cfg: ModelConfig, tokenizer=None, metadata: dict[str, Any] | None = None,
+                 dtype: str | None = None) -> None:
+  """Writes the folder; `dtype` (e.g. "bfloat16") casts the stored weights; the target's
+  tokenizer, when given, is fingerprinted so a drafter is never paired with other token ids."""
+  fam = family(method)
+  os.makedirs(path, exist_ok=True)
+  tensors = {}
+  for key, var in nnx.to_flat_state(params):
+    x = jnp.asarray(var[...])
+    tensors[".".join(str(k) for k in key)] = x.astype(dtype) if dtype else x
+  tensors["d2t"] = jnp.asarray(d2t, jnp.int32)
+  save_file(tensors, os.path.join(path, WEIGHTS))
+  config = {
+      "method": method,
+      "net": _net_to_dict(net.with_dtype(dtype) if dtype else net),
+      "hidden_layers": list(fam.hidden_layers(target_cfg)),
+      "draft_vocab_size": int(np.asarray(d2t).size),
+      "target": {"architecture": target_cfg.architecture, "vocab_size": target_cfg.vocab_size,
+                 "hidden_size": target_cfg.hidden_size, "num_layers": target_cfg.num_layers,
+                 "tokenizer_sha256": tokenizer_sha256(tokenizer)},
+  }
+  with open(os.path.join(path, CONFIG), "w") as f:
+    json.dump(config, f, indent=2)
+  if metadata is not None:
+    with open(os.path.join(path, METADATA), "w") as f:
+      json.dump(metadata, f, indent=2)
+
+
+def read_config(path: str | os.PathLike) -> dict[str, Any]:
+  file = os.path.join(path, CONFIG)
+  if not os.path.isfile(file):
+    raise ValueError(f"no drafter at {path}: {CONFIG} is missing")
+  try:
+    with open(file) as f:
+      config = json.load(f)
+  except json.JSONDecodeError as e:
+    raise ValueError(f"corrupt drafter config {file}: {e}") from None
+  for key in ("method", "net", "hidden_layers", "target"):
+    if key not in config:
+      raise ValueError(f"drafter config {file} has no {key!r}")
+  return config
+
+
+def check_target(config: dict[str, Any], target, path) -> None:
+  """Raises ValueError when the drafter was made for a target of another shape or tokenizer."""
+  want = config["target"]
+  for key in ("vocab_size", "hidden_size", "num_layers"):
+    have = getattr(target.config, key)
+    if want.get(key) != have:
+      raise ValueError(f"drafter {path} was trained for a target with {key} {want.get(key)}, "
+                       f"this target has {have}")
+  mine, theirs = want.get("tokenizer_sha256"), tokenizer_sha256(target.tokenizer)
+  if mine and theirs and mine != theirs:
+    raise ValueError(f"drafter {path} was trained for a target with another tokenizer: its "
+                     "token ids would not mean the same thing")
+
+
+def _read_tensors(path) -> dict[str, np.ndarray]:
+  file = os.path.join(path, WEIGHTS)
+  if not os.path.isfile(file):
+    raise ValueError(f"drafter weights missing: {file}")
+  try:
+    with safe_open(file, framework="flax") as f:
+      return {k: np.asarray(f.get_tensor(k)) for k in f.keys()}
+  except (SafetensorError, OSError, ValueError) as e:
+    raise ValueError(f"corrupt drafter weights {file}: {e}") from None
+
+
+def load_drafter(path: str | os.PathLike, target, **tree_options):
+  """Loads a learned drafter for `target` (a `specjax.Target`); tree_options override the
+  family's tree shape (Medusa/Hydra: `choices`; EAGLE/EAGLE-3: depth, top_k, total_tokens)."""
+  config = read_config(path)
+  fam = family(config["method"])
+  check_target(config, target, path)
+  hidden_layers = tuple(config["hidden_layers"])
+  for i in hidden_layers:
+    if not 0 <= i <= target.config.num_layers:
+      raise ValueError(f"drafter {path} reads hidden layer {i}, outside [0, "
+                       f"{target.config.num_layers}]")
+  dtype = target.config.dtype
+  net = _net_from_dict(fam.config_cls, config["net"]).with_dtype(dtype)
+  tensors = _read_tensors(path)
+  if "d2t" not in tensors:
+    raise ValueError(f"drafter weights {path} have no d2t (draft-to-target id map)")
+  d2t = tensors.pop("d2t").astype(np.int32)
+  if d2t.ndim != 1 or d2t.min() < 0 or d2t.max() >= target.config.vocab_size:
+    raise ValueError(f"drafter {path}: d2t ids outside the target vocabulary "
+                     f"[0, {target.config.vocab_size})")
+  params = params_from_tensors(fam, net, tensors, path)
+  return fam.assemble(net, params, jnp.asarray(d2t), target, hidden_layers, **tree_options)
+
+
+def params_from_tensors(fam: Family, net, tensors: dict[str, np.ndarray], path) -> nnx.State:
+  abstract = learned.abstract_params(fam.module, net)
+  flat = []
+  for key, var in nnx.to_flat_state(abstract):
+    name = ".".join(str(k) for k in key)
+    if name not in tensors:
+      raise ValueError(f"drafter weights {path} lack {name}")
+    value = tensors.pop(name)
+    if tuple(value.shape) != tuple(var.shape):
+      raise ValueError(f"drafter weight {name} has shape {value.shape}, the config implies "
+                       f"{tuple(var.shape)}")
+    flat.append((key, var.replace(jnp.asarray(value, dtype=var.dtype))))
+  if tensors:
+    raise ValueError(f"drafter weights {path} have unexpected tensors {sorted(tensors)[:5]}")
+  return nnx.from_flat_state(flat)
+
+
+def asset_dir(method: str) -> str:
+  """Where the drafter shipped for the embedded target lives."""
+  return os.path.join(assets.ASSETS_DIR, method)
+
+
+def shipped_usable(method: str) -> Callable[[Any], bool]:
+  """`usable(target)` for the registry: a shipped drafter exists and was made for this target."""
+
+  def usable(target) -> bool:
+    try:
+      check_target(read_config(asset_dir(method)), target, asset_dir(method))
+    except ValueError:
+      return False
+    return target.tokenizer is not None
+
+  return usable

@@ -1,0 +1,143 @@
+"""What the learned drafters (Medusa, Hydra, EAGLE, EAGLE-3) share.
+
+  * `DraftVocab`: a reduced draft vocabulary (EAGLE-3's d2t), the target ids the drafter can
+    propose, most frequent first when built from counts. Drafting over Vd << V tokens is what makes
+    a draft head cheap next to a small target, whose own LM head is a third of its step.
+  * `LearnedDrafter`: the base of the four families' pytrees: trained `params` (an nnx.State),
+    the draft vocabulary, and the frozen target LM head restricted to it (gathered once at load).
+  * The drafter network convention: an NNX module per family, used through `nnx.split` /
+    `nnx.merge` (the decoder's idiom), with a hashable config that is a static jit argument.
+  * Target pieces the heads read: the input embedding, the (restricted) unembedding, and the
+    features of chosen hidden layers concatenated along E.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx, struct
+
+from specjax.models import decoder
+from specjax.models.config import ModelConfig
+
+
+# ------------------------------------------------------------------------------------------------
+# Draft vocabulary
+
+
+def draft_vocab_from_counts(counts: np.ndarray, size: int) -> np.ndarray:
+  """int32[size]: the `size` most frequent target ids (ties: lower id first), most frequent first.
+
+  Sorting by frequency (not by id as EAGLE-3 does) changes nothing in the maths and lets a
+  shorter draft vocabulary be read off as a prefix.
+  """
+  counts = np.asarray(counts)
+  if not 1 <= size <= counts.size:
+    raise ValueError(f"draft vocabulary size must be in [1, {counts.size}], got {size}")
+  order = np.lexsort((np.arange(counts.size), -counts))  # by count desc, then id asc
+  return order[:size].astype(np.int32)
+
+
+def vocab_coverage(counts: np.ndarray, d2t: np.ndarray) -> float:
+  """Fraction of the counted tokens that the draft vocabulary can propose."""
+  counts = np.asarray(counts, np.float64)
+  return float(counts[np.asarray(d2t)].sum() / max(counts.sum(), 1.0))
+
+
+# ------------------------------------------------------------------------------------------------
+# Target pieces
+
+
+def target_embedding(cfg: ModelConfig, params: nnx.State) -> jax.Array:
+  """[V, E] the target's input embedding table (frozen: drafters read it, never train it)."""
+  return nnx.merge(decoder.graphdef(cfg), params).embed_tokens.embedding[...]
+
+
+def target_unembedding(cfg: ModelConfig, params: nnx.State) -> jax.Array:
+  """[E, V] the target's LM head weight (the embedding transposed when tied)."""
+  model = nnx.merge(decoder.graphdef(cfg), params)
+  if cfg.tie_word_embeddings:
+    return model.embed_tokens.embedding[...].T
+  return model.lm_head.kernel[...]
+
+
+def restricted_head(cfg: ModelConfig, params: nnx.State, d2t: jax.Array) -> jax.Array:
+  """[E, Vd] the target's LM head over the draft vocabulary (columns d2t)."""
+  return jnp.take(target_unembedding(cfg, params), jnp.asarray(d2t), axis=1)
+
+
+def embed(cfg: ModelConfig, params: nnx.State, tokens: jax.Array) -> jax.Array:
+  """[..., E] target embeddings of target token ids."""
+  return jnp.take(target_embedding(cfg, params), tokens, axis=0)
+
+
+def concat_features(hidden: jax.Array) -> jax.Array:
+  """[len(hidden_layers), B, T, E] -> [B, T, len * E]: low layer first, as EAGLE-3 concatenates."""
+  return jnp.concatenate(list(hidden), axis=-1)
+
+
+def take_rows(x: jax.Array, index: jax.Array) -> jax.Array:
+  """x: [B, T, ...], index: int32[B] -> [B, ...] the row index[b] of each batch entry."""
+  return jnp.take_along_axis(x, index.reshape((-1,) + (1,) * (x.ndim - 1)), axis=1)[:, 0]
+
+
+# ------------------------------------------------------------------------------------------------
+# Networks
+
+
+@functools.lru_cache(maxsize=None)
+def graphdef(module_cls, net_cfg) -> nnx.GraphDef:
+  """The static structure of `module_cls(net_cfg)`, computed once without allocating params."""
+  gdef, _ = nnx.split(nnx.eval_shape(lambda: module_cls(net_cfg, nnx.Rngs(0))))
+  return gdef
+
+
+def init_params(module_cls, net_cfg, seed: int) -> nnx.State:
+  _, state = nnx.split(module_cls(net_cfg, nnx.Rngs(seed)))
+  return state
+
+
+def abstract_params(module_cls, net_cfg) -> nnx.State:
+  _, state = nnx.split(nnx.eval_shape(lambda: module_cls(net_cfg, nnx.Rngs(0))))
+  return state
+
+
+def merge(module_cls, net_cfg, params: nnx.State):
+  return nnx.merge(graphdef(module_cls, net_cfg), params)
+
+
+@struct.dataclass
+class LearnedDrafter:
+  """Fields every learned drafter has; the family's pytree subclasses it.
+
+  params: the trained network (an nnx.State); d2t: int32[Vd] target id of each draft id;
+  head: [E, Vd] the frozen target LM head restricted to d2t (families with their own head keep
+  it in params and leave this None).
+  """
+
+  params: nnx.State
+  d2t: jax.Array
+  head: jax.Array | None
+
+  def to_target_ids(self, draft_ids: jax.Array) -> jax.Array:
+    return jnp.take(self.d2t, draft_ids, axis=0)
+
+
+def draft_logprobs(logits: jax.Array) -> jax.Array:
+  """float32 log-softmax over the draft vocabulary: the scores trees are built from."""
+  return jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+
+
+def asdict_static(cfg: Any) -> dict[str, Any]:
+  """A config dataclass as JSON-ready fields (ModelConfig nested as its HF dict)."""
+  out = {}
+  for f in dataclasses.fields(cfg):
+    v = getattr(cfg, f.name)
+    out[f.name] = v.to_hf_dict() if isinstance(v, ModelConfig) else (
+        list(v) if isinstance(v, tuple) else v)
+  return out
