@@ -115,7 +115,7 @@ def unpack_tree_mask(packed: jax.Array, n: int) -> jax.Array:
 
 
 def tree_attention_reference(q, k_cache, v_cache, length, tree_mask, *, sm_scale):
-  """The same maths in plain jnp, in float32: masked softmax over the visible slots.
+  """The same maths in plain jnp, in float32 (HIGHEST matmul precision on every backend).
 
   A row that sees no slot at all returns zeros (the kernel does the same).
   """
@@ -128,13 +128,15 @@ def tree_attention_reference(q, k_cache, v_cache, length, tree_mask, *, sm_scale
       mask, jnp.broadcast_to(jnp.clip(rel, 0, n - 1)[:, None, :], (b, n, s)), axis=2)
   visible = (rel < 0)[:, None, :] | (in_tree[:, None, :] & sees_node)  # [B, N, S]
   qg = q.astype(jnp.float32).reshape(b, n, kv, h // kv, d)
-  scores = jnp.einsum("BNKGD,BSKD->BKGNS", qg, k_cache.astype(jnp.float32)) * sm_scale
+  scores = jnp.einsum("BNKGD,BSKD->BKGNS", qg, k_cache.astype(jnp.float32),
+                      precision=lax.Precision.HIGHEST) * sm_scale
   scores = jnp.where(visible[:, None, None], scores, -jnp.inf)
   row_max = jnp.max(scores, axis=-1, keepdims=True)
   probs = jnp.exp(scores - jnp.where(jnp.isfinite(row_max), row_max, 0.0))
   total = jnp.sum(probs, axis=-1, keepdims=True)
   v = jnp.where(visible.any(axis=1)[:, :, None, None], v_cache.astype(jnp.float32), 0.0)
-  out = jnp.einsum("BKGNS,BSKD->BNKGD", probs / jnp.where(total > 0, total, 1.0), v)
+  out = jnp.einsum("BKGNS,BSKD->BNKGD", probs / jnp.where(total > 0, total, 1.0), v,
+                   precision=lax.Precision.HIGHEST)
   return out.reshape(b, n, h, d).astype(q.dtype)
 
 
