@@ -153,6 +153,9 @@ def tree_attention(q, k_cache, v_cache, length, tree_mask, *, sm_scale: float,
   backend = _resolve_backend(backend, interpret)
   packed = _validate(q, k_cache, v_cache, length, tree_mask, backend)
   sizes = block_sizes or BlockSizes.for_backend(backend)
+  if backend == "gpu" and any(x is not None and x & (x - 1) for x in (sizes.block_q,
+                                                                      sizes.block_kv)):
+    raise ValueError(f"the GPU (Triton) kernel needs power-of-two block sizes, got {sizes}")
   b, n, h, d = q.shape
   s, kv = k_cache.shape[1], k_cache.shape[2]
   g = h // kv
@@ -473,8 +476,8 @@ def _validate(q, k_cache, v_cache, length, tree_mask, backend: Backend):
     raise ValueError(f"the tree ({n} nodes) does not fit the cache ({s} slots)")
   if length.shape != (b,) or not jnp.issubdtype(length.dtype, jnp.integer):
     raise ValueError(f"length must be int[{b}], got {length.dtype}{list(length.shape)}")
-  if k_cache.dtype != v_cache.dtype or not jnp.issubdtype(q.dtype, jnp.floating):
-    raise ValueError(f"q, k, v must be floating and k, v alike; got {q.dtype}, {k_cache.dtype}, "
+  if not q.dtype == k_cache.dtype == v_cache.dtype or not jnp.issubdtype(q.dtype, jnp.floating):
+    raise ValueError(f"q, k, v must share one floating dtype; got {q.dtype}, {k_cache.dtype}, "
                      f"{v_cache.dtype}")
   if backend == "gpu" and (d < 16 or d & (d - 1)):
     raise ValueError(f"the GPU (Triton) kernel needs a power-of-two head_dim >= 16, got {d}")

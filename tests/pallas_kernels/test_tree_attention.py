@@ -183,17 +183,20 @@ def test_lowers_for_the_real_backend(platform, backend, n, d, dtype):
     (dict(packed_words=2), "packed tree_mask must be"),
     (dict(length_shape=(2,)), "length must be"),
     (dict(head_dim=24), "power-of-two head_dim"),
+    (dict(cache_dtype=jnp.bfloat16), "share one floating dtype"),
+    (dict(block_sizes=BlockSizes(block_kv=24)), "power-of-two block sizes"),
 ])
 def test_rejects_bad_inputs(change, message):
   n, h, d = change.get("nodes", 4), change.get("q_heads", 4), change.get("head_dim", 16)
   q = jnp.zeros((1, n, h, d))
-  kv = jnp.zeros((1, 8, 4, d))
+  kv = jnp.zeros((1, 8, 4, d), change.get("cache_dtype", jnp.float32))
   length = jnp.zeros(change.get("length_shape", (1,)), jnp.int32)
   mask = jnp.ones(change.get("mask_shape", (1, n, n)), bool)
   if "packed_words" in change:
     mask = jnp.zeros((1, n, change["packed_words"]), jnp.int32)
   with pytest.raises(ValueError, match=message):
-    tree_attention(q, kv, kv, length, mask, sm_scale=1.0, interpret=True, backend="gpu")
+    tree_attention(q, kv, kv, length, mask, sm_scale=1.0, interpret=True, backend="gpu",
+                   block_sizes=change.get("block_sizes"))
 
 
 @pytest.mark.parametrize("kwargs", [dict(block_kv=0), dict(block_kv=12), dict(block_q=4),
