@@ -87,3 +87,18 @@ def sampling_target() -> specjax.Target:
 def sampling_draft() -> specjax.Target:
   """An independent random draft LM for the sampling target (same vocab, one layer)."""
   return scaled_target(config(SAMPLING_VOCAB, num_layers=1, max_position_embeddings=64), seed=1)
+
+
+def learned_drafter(method: str, target: specjax.Target, seed: int = 0, noise: float = 0.3,
+                    **tree_options):
+  """An untrained learned drafter (`specjax.drafters.io.init_drafter`) whose matrices are
+  perturbed by N(0, noise^2): Medusa and Hydra heads start at zero (they would only repeat the
+  target's next-token guess) and EAGLE's at the init scale; random weights make every draft
+  position propose something of its own, accepted or not."""
+  from specjax.drafters import io
+  drafter = io.init_drafter(method, target, seed=seed, **tree_options)
+  leaves, treedef = jax.tree.flatten(drafter.params)
+  keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
+  leaves = [x + noise * jax.random.normal(k, x.shape, x.dtype) if x.ndim >= 2 else x
+            for x, k in zip(leaves, keys)]
+  return drafter.replace(params=jax.tree.unflatten(treedef, leaves))

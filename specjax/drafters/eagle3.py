@@ -65,12 +65,11 @@ def hidden_layers(target_cfg: ModelConfig) -> tuple[int, ...]:
   """Low, middle and high: outputs of layers 1, L // 2 and L - 1 (HF hidden-state indices).
 
   EAGLE-3 taps the inputs of layers 2, L // 2 and L - 3 of deep targets; on a 6-layer target
-  that rule repeats a layer, so the three taps are spread over the whole depth instead.
+  that rule repeats a layer, so the three taps are spread over the whole depth instead (on a
+  target of under 3 layers some repeat).
   """
   n = target_cfg.num_layers
-  if n < 3:
-    raise ValueError(f"EAGLE-3 fuses three target layers; this target has {n}")
-  return (1, n // 2, n - 1)
+  return (1, max(1, n // 2), max(1, n - 1))
 
 
 def make_config(target_cfg: ModelConfig, *, draft_vocab_size: int, **_) -> Eagle3Config:

@@ -176,6 +176,20 @@ def load_drafter(path: str | os.PathLike, target, **tree_options):
   return fam.assemble(net, params, jnp.asarray(d2t), target, hidden_layers, **tree_options)
 
 
+def init_drafter(method: str, target, *, seed: int = 0, d2t=None, num_heads: int = 4,
+                 **tree_options):
+  """An untrained drafter of `method` for `target` (what training starts from; tests use it).
+
+  d2t: the draft vocabulary as target ids (default: the whole target vocabulary)."""
+  fam = family(method)
+  d2t = jnp.arange(target.config.vocab_size, dtype=jnp.int32) if d2t is None else jnp.asarray(
+      d2t, jnp.int32)
+  net = fam.make_config(target.config, num_heads=num_heads,
+                        draft_vocab_size=int(d2t.shape[0])).with_dtype(target.config.dtype)
+  params = learned.init_params(fam.module, net, seed)
+  return fam.assemble(net, params, d2t, target, fam.hidden_layers(target.config), **tree_options)
+
+
 def params_from_tensors(fam: Family, net, tensors: dict[str, np.ndarray], path) -> nnx.State:
   abstract = learned.abstract_params(fam.module, net)
   flat = []

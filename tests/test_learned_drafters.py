@@ -1,0 +1,306 @@
+"""Learned drafters (Medusa, Hydra, EAGLE, EAGLE-3): their bookkeeping, trees, files and the
+shipped checkpoints.
+
+  1. EAGLE-2's dynamic tree against a brute-force enumeration: the kept nodes are the top-N of
+     all candidates by cumulative log-probability, parents precede children, shapes are static.
+  2. The drafters' state follows decoding: after real rounds, the feature Medusa/Hydra read is
+     the target's hidden state of the last committed position, and EAGLE's first two tree levels
+     equal a cache-free run of its training-time-test unroll over the same history (what the
+     drafter was trained on is what it does at inference: positions, masks, fed pairs).
+  3. Drafter folders: a save/load round trip, and clear errors for a target of another
+     vocabulary, hidden size or tokenizer, missing or corrupt files, unknown methods.
+  4. The shipped drafters are available for the embedded target, draft well (tau > 2) and are
+     lossless: greedy tokens identical to autoregressive decoding at batch 1 and 4.
+  (Greedy and sampling losslessness on tiny targets: tests/test_speculative.py.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import specjax
+import tiny_targets as tt
+from specjax import assets, decoding, drafters, trees
+from specjax.drafters import eagle_common, io, learned, medusa
+from specjax.drafters.base import DraftContext, TargetView
+from specjax.models import decoder
+from specjax.sampling import SamplingConfig
+
+LEARNED = ("medusa", "hydra", "eagle", "eagle3")
+
+
+# ------------------------------------------------------------------------------------------------
+# 1. The dynamic tree
+
+
+def _brute_force(root_logp, tables, depth, k):
+  """All candidates of EAGLE-2's expansion, enumerated in plain Python: (score, path) pairs."""
+  cands = []
+  order = np.argsort(-root_logp, kind="stable")[:k]
+  frontier = [((int(t),), float(root_logp[t])) for t in order]
+  cands += frontier
+  for level in range(1, depth):
+    children = []
+    for path, score in frontier:
+      lp = tables[level][path[-1]]
+      for t in np.argsort(-lp, kind="stable")[:k]:
+        children.append((path + (int(t),), score + float(lp[t])))
+    cands += children
+    frontier = sorted(children, key=lambda c: -c[1])[:k]
+  return cands
+
+
+@pytest.mark.parametrize("depth,k,n", [(1, 3, 2), (3, 2, 7), (4, 3, 12), (5, 4, 30)])
+def test_dynamic_tree_keeps_top_n_by_cumulative_logprob(depth, k, n):
+  """A fake drafter whose children's log-probabilities depend on the level and the parent token:
+  the tree keeps exactly the N best candidates, each node's score is its parent's plus its own
+  log-probability, and the path of every node exists in the tree (parents precede children)."""
+  v = 11
+  rng = np.random.default_rng(depth * 100 + k)
+  root = jax.nn.log_softmax(jnp.asarray(rng.normal(size=v) * 2, jnp.float32))
+  tables = [None] + [np.asarray(jax.nn.log_softmax(jnp.asarray(rng.normal(size=(v, v)) * 2,
+                                                               jnp.float32)))
+                     for _ in range(depth - 1)]
+
+  def expand(carry, tokens, parent, level):
+    return jnp.asarray(tables[level])[tokens], carry
+
+  grown, _ = jax.jit(lambda r: trees.grow_dynamic_tree(
+      r, expand, (), depth=depth, top_k=k, num_nodes=n))(root[None])
+  tree = grown.tree
+  assert tree.tokens.shape == tree.parent.shape == grown.score.shape == (1, n)  # static
+  trees.validate(tree, v)  # parents precede children, depths consistent
+  paths, scores = [], np.asarray(grown.score[0])
+  for i in range(n):
+    par = int(tree.parent[0, i])
+    paths.append((paths[par] if par >= 0 else ()) + (int(tree.tokens[0, i]),))
+    lp = np.asarray(root)[paths[i][-1]] if par < 0 else tables[len(paths[i]) - 1][
+        paths[par][-1]][paths[i][-1]]
+    assert scores[i] == pytest.approx((scores[par] if par >= 0 else 0.0) + lp, abs=1e-5)
+  cands = _brute_force(np.asarray(root), tables, depth, k)
+  best = sorted(c[1] for c in cands)[::-1][:n]
+  np.testing.assert_allclose(sorted(scores)[::-1], best, atol=1e-5)
+  assert set(paths) <= {c[0] for c in cands} and len(set(paths)) == n
+
+
+def test_dynamic_tree_rejects_impossible_size():
+  with pytest.raises(ValueError, match="num_nodes must be in"):
+    trees.grow_dynamic_tree(jnp.zeros((1, 5)), None, (), depth=2, top_k=2, num_nodes=7)
+
+
+# ------------------------------------------------------------------------------------------------
+# 2. Drafter state follows decoding
+
+
+@pytest.fixture(scope="module")
+def target():
+  return tt.greedy_target()
+
+
+PROMPT = [5, 17, 3, 88, 41, 3, 17, 9, 60, 2, 71, 33]
+
+
+def _rounds(target, drafter, rounds: int):
+  """Prefill + `rounds` speculative rounds through decoding's own phases."""
+  spec, (params, drafter, prompts, lens, eos, rng) = decoding._setup(
+      target, [PROMPT], 48, drafter, SamplingConfig(), 0, [], 16)
+  state = jax.jit(decoding._prefill, static_argnums=0)(spec, params, drafter, prompts, lens, eos,
+                                                       rng)
+  step = jax.jit(decoding._round, static_argnums=0)
+  for _ in range(rounds):
+    state = step(spec, params, drafter, eos, state)
+  return state
+
+
+def _hidden(target, tokens, layers):
+  out = decoder.full_forward(target.config, target.params, jnp.asarray([tokens], jnp.int32),
+                             hidden_layers=layers)
+  return out.hidden
+
+
+@pytest.mark.parametrize("method", ["medusa", "hydra"])
+@pytest.mark.parametrize("rounds", [0, 3])
+def test_head_drafters_read_the_last_committed_hidden_state(target, method, rounds):
+  drafter = tt.learned_drafter(method, target)
+  state = _rounds(target, drafter, rounds)
+  n = int(state.hist_len[0])
+  history = np.asarray(state.history[0, :n]).tolist()
+  want = _hidden(target, history[:-1], drafter.hidden_layers)[0, 0, -1]
+  np.testing.assert_allclose(state.drafter_state.feature[0], want, atol=1e-4, rtol=1e-4)
+
+
+def test_medusa_tree_takes_each_heads_ranked_candidates(target):
+  """Node (r_1, .., r_d) of the template holds the rank-r_d token of head d."""
+  drafter = tt.learned_drafter("medusa", target)
+  state = _rounds(target, drafter, 2)
+  view = TargetView(target.config, SamplingConfig(), target.params)
+  ctx = DraftContext(state.history, state.hist_len, state.pending, state.cache,
+                     jax.random.key(0))
+  tree, _, _ = drafter.draft(view, state.drafter_state, ctx)
+  heads = learned.merge(medusa.MedusaHeads, drafter.net, drafter.params)
+  logits = np.asarray(heads(state.drafter_state.feature) @ drafter.head)[0]  # [K, V]
+  for i, path in enumerate(drafter.template.paths):
+    d, r = len(path), path[-1]
+    assert int(tree.tokens[0, i]) == int(np.argsort(-logits[d - 1], kind="stable")[r])
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+@pytest.mark.parametrize("rounds", [0, 4])
+def test_eagle_tree_matches_the_training_unroll(target, method, rounds):
+  """After prefill and real rounds (partial acceptances), the drafter's cache holds exactly the
+  pairs of the committed history, so its depth-1 candidates equal the top-k of step 0 of
+  `eagle_common.unroll` over the history (cache-free, target features recomputed), and the
+  children of the best depth-1 node equal the top-k of unroll step 1 at the same index, the
+  training-time-test view of a depth-2 node."""
+  drafter = tt.learned_drafter(method, target, depth=3, top_k=4, total_tokens=12)
+  state = _rounds(target, drafter, rounds)
+  ds = state.drafter_state
+  n = int(state.hist_len[0])
+  assert int(ds.cache.length[0]) + int(ds.n_new[0]) == n - 1
+  view = TargetView(target.config, SamplingConfig(), target.params)
+  ctx = DraftContext(state.history, state.hist_len, state.pending, state.cache,
+                     jax.random.key(0))
+  tree, _, _ = drafter.draft(view, ds, ctx)
+  tokens, parent, depth = (np.asarray(x[0]) for x in (tree.tokens, tree.parent, tree.depth))
+  top = int(tokens[0])  # node 0: the best depth-1 candidate
+  history = np.asarray(state.history[0, :n]).tolist() + [top]
+  feats = learned.concat_features(_hidden(target, history, drafter.hidden_layers))
+  emb = learned.target_embedding(target.config, target.params)
+  net = learned.merge(drafter.module, drafter.net, drafter.params)
+  logits, _ = eagle_common.unroll(net, feats, jnp.asarray([history]), emb, drafter.head, 2)
+  ref1 = np.argsort(-np.asarray(logits[0, 0, n - 2]), kind="stable")[:4]
+  ref2 = np.argsort(-np.asarray(logits[1, 0, n - 2]), kind="stable")[:4]
+  level1 = tokens[(depth == 1)]
+  assert top == ref1[0] and set(level1.tolist()) <= set(ref1.tolist())
+  children = tokens[(parent == 0)]
+  assert children.size and set(children.tolist()) <= set(ref2.tolist())
+  assert children[0] == ref2[0]
+
+
+# ------------------------------------------------------------------------------------------------
+# 3. Drafter folders
+
+
+@pytest.mark.parametrize("method", LEARNED)
+def test_save_load_round_trip(target, method, tmp_path):
+  drafter = tt.learned_drafter(method, target, seed=3)
+  io.save_drafter(tmp_path, method, drafter.net, drafter.params, drafter.d2t, target.config,
+                  metadata={"note": "test"})
+  loaded = io.load_drafter(tmp_path, target)
+  assert type(loaded) is type(drafter) and loaded.num_nodes == drafter.num_nodes
+  for a, b in zip(jax.tree.leaves(drafter.params), jax.tree.leaves(loaded.params), strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  np.testing.assert_array_equal(loaded.d2t, drafter.d2t)
+  config = json.loads((tmp_path / "config.json").read_text())
+  assert config["method"] == method and config["hidden_layers"] == list(drafter.hidden_layers)
+
+
+@pytest.fixture()
+def saved(target, tmp_path):
+  drafter = tt.learned_drafter("eagle3", target)
+  io.save_drafter(tmp_path, "eagle3", drafter.net, drafter.params, drafter.d2t, target.config)
+  return tmp_path
+
+
+@pytest.mark.parametrize("change,message", [
+    (dict(vocab_size=tt.GREEDY_VOCAB + 1), "vocab_size"),
+    (dict(hidden_size=64, intermediate_size=128), "hidden_size"),
+    (dict(num_layers=3), "num_layers"),
+])
+def test_load_refuses_another_target(saved, change, message):
+  other = specjax.Target.random(tt.GREEDY_CONFIG.replace(**change), seed=0)
+  with pytest.raises(ValueError, match=f"trained for a target with {message}"):
+    io.load_drafter(saved, other)
+
+
+def test_load_refuses_another_tokenizer(saved, target):
+  """Same shapes, other token ids: the check that pairs a drafter with its target's tokenizer."""
+  shipped = specjax.load_target(assets.TARGET_DIR)
+  config = json.loads((saved / "config.json").read_text())
+  config["target"].update({k: getattr(shipped.config, k)
+                           for k in ("vocab_size", "hidden_size", "num_layers")})
+  config["target"]["tokenizer_sha256"] = "0" * 64
+  with pytest.raises(ValueError, match="another tokenizer"):
+    io.check_target(config, shipped, saved)
+
+
+def test_load_names_missing_and_corrupt_files(saved, target, tmp_path_factory):
+  with pytest.raises(ValueError, match="config.json is missing"):
+    io.load_drafter(tmp_path_factory.mktemp("empty"), target)
+  weights = saved / "model.safetensors"
+  data = weights.read_bytes()
+  weights.write_bytes(data[:len(data) // 2])
+  with pytest.raises(ValueError, match="corrupt drafter weights"):
+    io.load_drafter(saved, target)
+  weights.unlink()
+  with pytest.raises(ValueError, match="drafter weights missing"):
+    io.load_drafter(saved, target)
+  (saved / "config.json").write_text("{not json")
+  with pytest.raises(ValueError, match="corrupt drafter config"):
+    io.load_drafter(saved, target)
+
+
+def test_load_rejects_unknown_method_and_bad_tree_options(saved, target):
+  with pytest.raises(ValueError, match="total_tokens must be in"):
+    io.load_drafter(saved, target, depth=2, top_k=2, total_tokens=7)
+  config = json.loads((saved / "config.json").read_text())
+  config["method"] = "medusa9"
+  (saved / "config.json").write_text(json.dumps(config))
+  with pytest.raises(ValueError, match="unknown learned drafter method 'medusa9'"):
+    io.load_drafter(saved, target)
+
+
+def test_medusa_tree_deeper_than_its_heads_is_rejected(target, tmp_path):
+  drafter = tt.learned_drafter("medusa", target)
+  io.save_drafter(tmp_path, "medusa", drafter.net, drafter.params, drafter.d2t, target.config)
+  with pytest.raises(ValueError, match="exceeds the drafter's 4 heads"):
+    io.load_drafter(tmp_path, target, choices=[[0], [0, 0], [0, 0, 0], [0, 0, 0, 0],
+                                               [0, 0, 0, 0, 0]])
+
+
+# ------------------------------------------------------------------------------------------------
+# 4. The shipped drafters
+
+
+@pytest.fixture(scope="module")
+def embedded():
+  return specjax.load_target(assets.TARGET_DIR, dtype="float32")
+
+
+def _code_prompts():
+  return ["def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+          "import os\n\n\ndef list_python_files(root):\n",
+          "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self",
+          "def is_palindrome(s: str) -> bool:\n"]
+
+
+def test_shipped_drafters_are_available(embedded):
+  assert set(LEARNED) <= set(drafters.available(embedded))
+  for method in LEARNED:
+    meta = json.loads(open(os.path.join(io.asset_dir(method), "metadata.json")).read())
+    assert meta["steps"] > 0 and len(meta["heldout_agreement_by_depth"]) >= 4
+
+
+@pytest.fixture(scope="module")
+def embedded_ar(embedded):
+  return specjax.generate(embedded, _code_prompts(), max_new_tokens=64, pad_to=32).tokens
+
+
+@pytest.mark.parametrize("method", LEARNED)
+def test_shipped_drafters_are_lossless_and_accept(embedded, embedded_ar, method):
+  """Greedy output identical to autoregressive decoding, at batch 4 and batch 1, with real
+  acceptance (tau > 2: deep tree paths and the drafter-state updates after them are exercised)."""
+  drafter = drafters.build(method, embedded)
+  batch = specjax.generate(embedded, _code_prompts(), max_new_tokens=64, pad_to=32,
+                           drafter=drafter)
+  assert batch.tokens == embedded_ar
+  assert batch.stats.tau > 2.0, batch.stats
+  single = specjax.generate(embedded, _code_prompts()[:1], max_new_tokens=64, pad_to=32,
+                            drafter=drafter)
+  assert single.tokens[0] == embedded_ar[0]
