@@ -131,12 +131,14 @@ def markdown(records: list[dict[str, Any]], cfg: BenchmarkConfig) -> str:
   for dataset in dict.fromkeys(r["dataset"] for r in records):
     lines += [f"### {dataset} (T={cfg.temperature}, {cfg.num_prompts} prompts x "
               f"{cfg.max_new_tokens} new tokens, batch 1)", "",
-              "| method | tau | tokens/s | speedup | target calls | drafting share | "
-              "ideal speedup | loop efficiency |", "|---|---|---|---|---|---|---|---|"]
+              "| method | tau | tokens/s | speedup | target calls | draft ms/round | "
+              "verify ms/round | drafting share | ideal speedup | loop efficiency |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in records:
       if r["dataset"] == dataset:
         lines.append(f"| {r['method']} | {r['tau']:.2f} | {r['tokens_per_second']:.1f} | "
-                     f"{r['speedup']:.2f}x | {r['target_calls']} | {r['draft_share']:.0%} | "
+                     f"{r['speedup']:.2f}x | {r['target_calls']} | {r['t_draft_ms']:.2f} | "
+                     f"{r['t_verify_ms']:.2f} | {r['draft_share']:.0%} | "
                      f"{r['ideal_speedup']:.2f}x | {r['loop_efficiency']:.0%} |")
     lines.append("")
   return "\n".join(lines)

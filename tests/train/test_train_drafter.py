@@ -1,0 +1,112 @@
+"""The drafter trainer: exact resume after an interruption, self-distillation, export and load.
+
+Tiny runs against the shipped target (its forward is cheap at 2 x 32 tokens) on a folder of
+stdlib files: the same code path as the shipped drafters' training, with a few steps.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import sysconfig
+
+import jax
+import numpy as np
+import pytest
+
+import specjax
+from specjax import assets
+from specjax.config_utils import load_config
+from specjax.data.stdlib_code import split_of
+from specjax.train.drafter import train_drafter
+
+_TINY = ["optim.total_steps=6", "optim.warmup_steps=2", "seq_len=32", "batch_size=2",
+         "eval_every=3", "save_every=2", "eval_rows=4", "draft_vocab_size=512",
+         "distill_rows=6", "distill_prompt_tokens=8", "distill_new_tokens=24", "distill_batch=4",
+         "export_dtype=float32"]
+
+
+@pytest.fixture(scope="module")
+def source_dir(tmp_path_factory) -> str:
+  """A dozen stdlib files, two of them hashing into the held-out split."""
+  out = tmp_path_factory.mktemp("drafter_src")
+  files = sorted(glob.glob(os.path.join(sysconfig.get_paths()["stdlib"], "json", "*.py")))
+  for f in files:
+    shutil.copy(f, out / os.path.basename(f))
+  i = held = 0
+  while held < 2:
+    name = f"extra_{i}.py"
+    if split_of(name) == "heldout":
+      shutil.copy(files[i % len(files)], out / name)
+      held += 1
+    i += 1
+  return os.fspath(out)
+
+
+@pytest.fixture(scope="module")
+def target():
+  return specjax.load_target(assets.TARGET_DIR, dtype="float32")
+
+
+def _config(method, source_dir, workdir, *extra):
+  return load_config(f"configs/{method}_stdlib.py", _TINY + [
+      f"source_dir={source_dir}", f"data_dir={os.path.join(os.fspath(workdir), '..', 'tfds')}",
+      f"workdir={workdir}", f"export_dir={os.path.join(os.fspath(workdir), 'export')}",
+      f"distill_cache={os.path.join(os.fspath(workdir), '..', 'distill')}", *extra])
+
+
+def _assert_params_equal(a, b):
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_eagle3_resume_after_interruption_is_bitwise_identical(source_dir, target, tmp_path):
+  """Stopping after 1 and then 2 more steps (between and on checkpoints) and resuming gives the
+  uninterrupted run's parameters bit for bit, with self-distilled data (generated once, cached)
+  and EAGLE-3's training-time-test loss."""
+  straight = train_drafter(_config("eagle3", source_dir, tmp_path / "a"), progress=False,
+                           target=target)
+  assert straight["finished"] and straight["step"] == 6
+  cfg = _config("eagle3", source_dir, tmp_path / "b")
+  first = train_drafter(cfg, stop_after=1, progress=False, target=target)
+  assert not first["finished"] and first["step"] == 1
+  second = train_drafter(cfg, stop_after=2, progress=False, target=target)
+  assert second["step"] == 3
+  resumed = train_drafter(cfg, progress=False, target=target)
+  assert resumed["finished"] and resumed["step"] == 6
+  _assert_params_equal(straight["params"], resumed["params"])
+  assert len(glob.glob(os.path.join(tmp_path, "distill", "distill-*.npy"))) == 1
+
+
+@pytest.mark.parametrize("method", ["medusa", "hydra", "eagle", "eagle3"])
+def test_training_exports_a_loadable_drafter(source_dir, target, tmp_path, method):
+  """A short corpus run lowers the loss, exports a folder with metadata, and the folder loads
+  (bfloat16 weights) into a drafter whose greedy output equals autoregressive decoding."""
+  cfg = _config(method, source_dir, tmp_path / method, "source=corpus",
+                "export_dtype=bfloat16", "optim.total_steps=8", "optim.learning_rate=0.003", "log_every=1")
+  summary = train_drafter(cfg, progress=False, target=target)
+  losses = [r["loss"] for r in summary["history"] if "loss" in r]
+  assert losses[-1] < losses[0]
+  meta = summary["metadata"]
+  assert meta["steps"] == 8 and meta["draft_vocab_size"] == 512
+  assert len(meta["heldout_agreement_by_depth"]) == cfg.eval_depth
+  assert 0 < meta["draft_vocab_coverage"] <= 1
+  on_disk = json.loads(open(os.path.join(summary["export_dir"], "metadata.json")).read())
+  assert on_disk["heldout_agreement_by_depth"] == meta["heldout_agreement_by_depth"]
+  drafter = specjax.load_drafter(summary["export_dir"], target)
+  prompt = [target.encode("def add(a, b):\n    return")]
+  ours = specjax.generate(target, prompt, max_new_tokens=24, drafter=drafter)
+  assert ours.tokens == specjax.generate(target, prompt, max_new_tokens=24).tokens
+
+
+def test_bad_configs_are_rejected():
+  with pytest.raises(ValueError, match="unknown learned drafter method"):
+    load_config("configs/eagle3_stdlib.py", ["method=medusa2"])
+  with pytest.raises(ValueError, match="train_steps >= 3"):
+    load_config("configs/eagle3_stdlib.py", ["train_steps=2"])
+  with pytest.raises(ValueError, match="must not exceed"):
+    load_config("configs/medusa_stdlib.py", ["eval_depth=5"])
+  with pytest.raises(ValueError, match="source must be"):
+    load_config("configs/eagle_stdlib.py", ["source=web"])
