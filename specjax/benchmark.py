@@ -80,8 +80,10 @@ def load_prompts(target: Target, dataset: str, cfg: BenchmarkConfig) -> list[lis
 
 
 def run_method(target: Target, method: str, prompts: Sequence[list[int]], cfg: BenchmarkConfig,
-               bar=None) -> dict[str, Any]:
-  drafter = None if method == AR else drafters.build(method, target, **cfg.options_for(method))
+               bar=None, options: dict[str, Any] | None = None) -> dict[str, Any]:
+  """One method on every prompt; `options` replace the config's builder options."""
+  options = cfg.options_for(method) if options is None else options
+  drafter = None if method == AR else drafters.build(method, target, **options)
   pad_to = max(len(p) for p in prompts)
   kwargs = dict(max_new_tokens=cfg.max_new_tokens, drafter=drafter, temperature=cfg.temperature,
                 top_k=cfg.top_k, top_p=cfg.top_p, eos_token_id=[], pad_to=pad_to)
@@ -209,4 +211,21 @@ def run(cfg: BenchmarkConfig) -> list[dict[str, Any]]:
   with open(os.path.join(cfg.out, "results.md"), "w") as f:
     f.write(table)
   plot(records, cfg.out)
+  return records
+
+
+def sweep_trees(method: str, candidates: Sequence[dict[str, Any]], cfg: BenchmarkConfig
+                ) -> list[dict[str, Any]]:
+  """Measures `method` with each tree option set beside AR on the same prompts (cfg.datasets,
+  e.g. held-out stdlib files: tune on data the benchmark table does not report)."""
+  target = load_target(cfg.target or assets.TARGET_DIR, dtype="float32")
+  prompts = [p for d in cfg.datasets for p in load_prompts(target, d, cfg)]
+  records = []
+  with tqdm(total=len(prompts) * (len(candidates) + 1), desc=f"sweep {method}",
+            dynamic_ncols=True) as bar:
+    records.append(dict(run_method(target, AR, prompts, cfg, bar), options={}))
+    for options in candidates:
+      records.append(dict(run_method(target, method, prompts, cfg, bar, dict(options)),
+                          options=dict(options)))
+  _finish(records)
   return records

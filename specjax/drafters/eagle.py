@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from specjax.drafters import eagle_common, io, learned, register
+from specjax.drafters import eagle_common, io, learned
 from specjax.models.config import ModelConfig
 
 
@@ -74,21 +74,8 @@ def depth_logits(net: EagleConfig, params, head, feats, tokens, emb_table, num_s
   return logits, smooth_l1.sum(-1).mean()
 
 
-def _assemble(net, params, d2t, target, hidden_layers, **tree_options):
-  head = learned.restricted_head(target.config, target.params, d2t).astype(net.dtype)
-  return eagle_common.assemble(EagleNet, net, params, d2t, target, hidden_layers, head,
-                               **tree_options)
-
-
 FAMILY = io.register_family(io.Family(
     name="eagle", module=EagleNet, config_cls=EagleConfig, hidden_layers=hidden_layers,
-    make_config=make_config, assemble=_assemble, depth_logits=depth_logits,
-    uses_target_head=True))
-
-
-@register("eagle", usable=io.shipped_usable("eagle"),
-          description="one feature-level decoder layer, EAGLE-2 dynamic tree (EAGLE-1/2)")
-def build(target, *, path: str | None = None, **tree_options):
-  """path: a drafter folder (default: the shipped one); tree_options: depth, top_k,
-  total_tokens of the dynamic tree."""
-  return io.load_drafter(path or io.asset_dir("eagle"), target, **tree_options)
+    make_config=make_config, assemble=eagle_common.assembler(EagleNet, uses_target_head=True),
+    depth_logits=depth_logits, uses_target_head=True),
+    description="one feature-level decoder layer, EAGLE-2 dynamic tree (EAGLE-1/2)")

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from specjax.drafters import eagle_common, io, learned, register
+from specjax.drafters import eagle_common, io, learned
 from specjax.models.config import ModelConfig
 from specjax.models.layers import RMSNorm
 
@@ -84,20 +84,8 @@ def depth_logits(net: Eagle3Config, params, head, feats, tokens, emb_table, num_
   return logits, jnp.zeros((), jnp.float32)
 
 
-def _assemble(net, params, d2t, target, hidden_layers, **tree_options):
-  return eagle_common.assemble(Eagle3Net, net, params, d2t, target, hidden_layers, None,
-                               **tree_options)
-
-
 FAMILY = io.register_family(io.Family(
     name="eagle3", module=Eagle3Net, config_cls=Eagle3Config, hidden_layers=hidden_layers,
-    make_config=make_config, assemble=_assemble, depth_logits=depth_logits,
-    uses_target_head=False))
-
-
-@register("eagle3", usable=io.shipped_usable("eagle3"),
-          description="fused low/mid/high features, own draft head, training-time test (EAGLE-3)")
-def build(target, *, path: str | None = None, **tree_options):
-  """path: a drafter folder (default: the shipped one); tree_options: depth, top_k,
-  total_tokens of the dynamic tree."""
-  return io.load_drafter(path or io.asset_dir("eagle3"), target, **tree_options)
+    make_config=make_config, assemble=eagle_common.assembler(Eagle3Net, uses_target_head=False),
+    depth_logits=depth_logits, uses_target_head=False),
+    description="fused low/mid/high features, own draft head, training-time test (EAGLE-3)")

@@ -249,8 +249,17 @@ def check_tree_options(depth: int, top_k: int, total_tokens: int, vocab: int) ->
                      f"{top_k}, got {total_tokens}")
 
 
-def assemble(module, net, params, d2t, target, hidden_layers, head, *, depth: int = 6,
-             top_k: int = 4, total_tokens: int = 16) -> EagleDrafter:
-  depth, top_k, total_tokens = int(depth), int(top_k), int(total_tokens)
-  check_tree_options(depth, top_k, total_tokens, d2t.shape[0])
-  return EagleDrafter(params, d2t, head, module, net, depth, top_k, total_tokens, hidden_layers)
+def assembler(module, *, uses_target_head: bool):
+  """`Family.assemble` for EAGLE-style drafters: tree options `depth`, `top_k`, `total_tokens`;
+  the target's LM head restricted to the draft vocabulary when the family drafts through it."""
+
+  def assemble(net, params, d2t, target, hidden_layers, *, depth: int = 6, top_k: int = 4,
+               total_tokens: int = 16) -> EagleDrafter:
+    depth, top_k, total_tokens = int(depth), int(top_k), int(total_tokens)
+    check_tree_options(depth, top_k, total_tokens, d2t.shape[0])
+    head = learned.restricted_head(target.config, target.params, d2t).astype(
+        net.dtype) if uses_target_head else None
+    return EagleDrafter(params, d2t, head, module, net, depth, top_k, total_tokens,
+                        hidden_layers)
+
+  return assemble

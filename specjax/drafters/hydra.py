@@ -22,11 +22,10 @@ import numpy as np
 from flax import nnx, struct
 
 from specjax import trees
-from specjax.drafters import io, learned, register
+from specjax.drafters import io, learned
 from specjax.drafters.base import DraftContext, Prefill, RoundResult, TargetView
-from specjax.drafters.medusa import (DEFAULT_CHOICES, HeadState, check_template,
-                                     last_feature_after_round, last_feature_at_prefill,
-                                     parse_choices)
+from specjax.drafters.medusa import (HeadState, assemble_static, last_feature_after_round,
+                                     last_feature_at_prefill)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,25 +132,12 @@ def depth_logits(net: HydraConfig, params, head, feats, tokens, emb_table, num_s
   return jnp.stack(out), jnp.zeros((), jnp.float32)
 
 
-def _assemble(net: HydraConfig, params, d2t, target, hidden_layers, *, choices=None) -> Hydra:
-  template = trees.TreeTemplate.from_paths(parse_choices(choices) or DEFAULT_CHOICES)
-  check_template(template, net.num_heads, d2t.shape[0])
-  head = learned.restricted_head(target.config, target.params, d2t).astype(net.dtype)
-  return Hydra(params, d2t, head, net, template, hidden_layers)
-
-
 def _make_config(target_cfg, *, num_heads: int = 4, **_) -> HydraConfig:
   return HydraConfig(target_cfg.hidden_size, num_heads)
 
 
 FAMILY = io.register_family(io.Family(
     name="hydra", module=HydraHeads, config_cls=HydraConfig,
-    hidden_layers=lambda cfg: (cfg.num_layers,), make_config=_make_config, assemble=_assemble,
-    depth_logits=depth_logits, uses_target_head=True))
-
-
-@register("hydra", usable=io.shipped_usable("hydra"),
-          description="Medusa heads conditioned on the tokens drafted before them (Hydra)")
-def build(target, *, path: str | None = None, choices=None) -> Hydra:
-  """path: a drafter folder (default: the one shipped for the embedded target)."""
-  return io.load_drafter(path or io.asset_dir("hydra"), target, choices=choices)
+    hidden_layers=lambda cfg: (cfg.num_layers,), make_config=_make_config,
+    assemble=assemble_static(Hydra), depth_logits=depth_logits, uses_target_head=True),
+    description="Medusa heads conditioned on the tokens drafted before them (Hydra)")

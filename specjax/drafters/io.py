@@ -3,7 +3,8 @@
   config.json        {"method", "net" (the family's network config), "hidden_layers" (target
                      hidden-state indices the drafter reads: required metadata, never guessed),
                      "draft_vocab_size", "target" (vocab_size, hidden_size, num_layers,
-                     architecture it was trained against)}
+                     architecture, tokenizer hash it was trained against), and optionally
+                     "tree": default tree options (tuned for this drafter; callers override)}
   model.safetensors  the network's params by dotted path, and `d2t` (int32[Vd]: the target id
                      of each draft id; explicit ids, not EAGLE's offsets)
   metadata.json      optional: how it was trained (steps, wall time, held-out agreement)
@@ -54,8 +55,18 @@ class Family:
 FAMILIES: dict[str, Family] = {}
 
 
-def register_family(family: Family) -> Family:
+def register_family(family: Family, description: str) -> Family:
+  """Adds a learned family and registers its drafter builder (`specjax.drafters.build(name,
+  target, path=None, **tree_options)`), usable when a drafter was shipped for the target."""
+  from specjax.drafters import register  # the registry imports the family files, not io
   FAMILIES[family.name] = family
+
+  def build(target, *, path: str | None = None, **tree_options):
+    return load_drafter(path or asset_dir(family.name), target, **tree_options)
+
+  build.__doc__ = (f"path: a {family.name} folder (default: the one shipped for the embedded "
+                   "target); tree_options override its default tree.")
+  register(family.name, usable=shipped_usable(family.name), description=description)(build)
   return family
 
 
@@ -173,7 +184,17 @@ def load_drafter(path: str | os.PathLike, target, **tree_options):
     raise ValueError(f"drafter {path}: d2t ids outside the target vocabulary "
                      f"[0, {target.config.vocab_size})")
   params = params_from_tensors(fam, net, tensors, path)
-  return fam.assemble(net, params, jnp.asarray(d2t), target, hidden_layers, **tree_options)
+  options = dict(config.get("tree", {}))
+  options.update({k: v for k, v in tree_options.items() if v is not None})
+  return fam.assemble(net, params, jnp.asarray(d2t), target, hidden_layers, **options)
+
+
+def set_default_tree(path: str | os.PathLike, **tree_options) -> None:
+  """Records tree options (e.g. tuned on held-out prompts) as the folder's defaults."""
+  config = read_config(path)
+  config["tree"] = tree_options
+  with open(os.path.join(path, CONFIG), "w") as f:
+    json.dump(config, f, indent=2)
 
 
 def init_drafter(method: str, target, *, seed: int = 0, d2t=None, num_heads: int = 4,

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from flax import nnx, struct
 
 from specjax import trees
-from specjax.drafters import io, learned, register
+from specjax.drafters import io, learned
 from specjax.drafters.base import DraftContext, Prefill, RoundResult, TargetView
 
 
@@ -49,9 +49,18 @@ class MedusaHeads(nnx.Module):
     return f[..., None, :] + jax.nn.silu(z)
 
 
-# Medusa-style tree for 4 heads: 15 nodes, wide where the heads are sure, deep along rank 0.
-DEFAULT_CHOICES = ((0,), (1,), (2,), (3,), (0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (2, 0),
-                   (0, 0, 0), (0, 0, 1), (0, 1, 0), (1, 0, 0), (0, 0, 0, 0))
+# Named trees for 4 heads ("choices"): wide where the heads are sure, deep along rank 0. Which is
+# fastest depends on how much a node costs to verify (experiments/tune_tree.py measures it).
+TREES = {
+    "chain4": ((0,), (0, 0), (0, 0, 0), (0, 0, 0, 0)),
+    "tree6": ((0,), (1,), (0, 0), (1, 0), (0, 0, 0), (0, 0, 0, 0)),
+    "tree8": ((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 1, 0), (0, 0, 0, 0)),
+    "tree11": ((0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 1, 0),
+               (1, 0, 0), (0, 0, 0, 0)),
+    "tree15": ((0,), (1,), (2,), (3,), (0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (2, 0),
+               (0, 0, 0), (0, 0, 1), (0, 1, 0), (1, 0, 0), (0, 0, 0, 0)),
+}
+DEFAULT_CHOICES = TREES["tree15"]
 
 
 def check_template(template: trees.TreeTemplate, num_heads: int, vocab: int) -> None:
@@ -115,19 +124,27 @@ def depth_logits(net: MedusaConfig, params, head, feats, tokens, emb_table, num_
 
 
 def parse_choices(choices):
-  """Tree paths from a tuple of paths or their JSON text (e.g. from a --set override)."""
+  """Tree paths from a name in TREES, a tuple of paths, or their JSON text (a --set override)."""
   if choices is None:
     return None
   if isinstance(choices, str):
+    if choices in TREES:
+      return TREES[choices]
     choices = json.loads(choices)
   return tuple(tuple(int(r) for r in path) for path in choices)
 
 
-def _assemble(net: MedusaConfig, params, d2t, target, hidden_layers, *, choices=None) -> Medusa:
-  template = trees.TreeTemplate.from_paths(parse_choices(choices) or DEFAULT_CHOICES)
-  check_template(template, net.num_heads, d2t.shape[0])
-  head = learned.restricted_head(target.config, target.params, d2t).astype(net.dtype)
-  return Medusa(params, d2t, head, net, template, hidden_layers)
+def assemble_static(drafter_cls):
+  """`Family.assemble` for static-tree drafters: the template from `choices`, the target's LM
+  head restricted to the draft vocabulary."""
+
+  def assemble(net, params, d2t, target, hidden_layers, *, choices=None):
+    template = trees.TreeTemplate.from_paths(parse_choices(choices) or DEFAULT_CHOICES)
+    check_template(template, net.num_heads, d2t.shape[0])
+    head = learned.restricted_head(target.config, target.params, d2t).astype(net.dtype)
+    return drafter_cls(params, d2t, head, net, template, hidden_layers)
+
+  return assemble
 
 
 def _make_config(target_cfg, *, num_heads: int = 4, **_) -> MedusaConfig:
@@ -136,12 +153,6 @@ def _make_config(target_cfg, *, num_heads: int = 4, **_) -> MedusaConfig:
 
 FAMILY = io.register_family(io.Family(
     name="medusa", module=MedusaHeads, config_cls=MedusaConfig,
-    hidden_layers=lambda cfg: (cfg.num_layers,), make_config=_make_config, assemble=_assemble,
-    depth_logits=depth_logits, uses_target_head=True))
-
-
-@register("medusa", usable=io.shipped_usable("medusa"),
-          description="K residual heads on the last hidden state, static tree (Medusa-1)")
-def build(target, *, path: str | None = None, choices=None) -> Medusa:
-  """path: a drafter folder (default: the one shipped for the embedded target)."""
-  return io.load_drafter(path or io.asset_dir("medusa"), target, choices=choices)
+    hidden_layers=lambda cfg: (cfg.num_layers,), make_config=_make_config,
+    assemble=assemble_static(Medusa), depth_logits=depth_logits, uses_target_head=True),
+    description="K residual heads on the last hidden state, static tree (Medusa-1)")

@@ -9,8 +9,6 @@ from __future__ import annotations
 import glob
 import json
 import os
-import shutil
-import sysconfig
 
 import jax
 import numpy as np
@@ -18,8 +16,8 @@ import pytest
 
 import specjax
 from specjax import assets
+from corpora import stdlib_source_dir
 from specjax.config_utils import load_config
-from specjax.data.stdlib_code import split_of
 from specjax.train.drafter import train_drafter
 
 _TINY = ["optim.total_steps=6", "optim.warmup_steps=2", "seq_len=32", "batch_size=2",
@@ -31,18 +29,7 @@ _TINY = ["optim.total_steps=6", "optim.warmup_steps=2", "seq_len=32", "batch_siz
 @pytest.fixture(scope="module")
 def source_dir(tmp_path_factory) -> str:
   """A dozen stdlib files, two of them hashing into the held-out split."""
-  out = tmp_path_factory.mktemp("drafter_src")
-  files = sorted(glob.glob(os.path.join(sysconfig.get_paths()["stdlib"], "json", "*.py")))
-  for f in files:
-    shutil.copy(f, out / os.path.basename(f))
-  i = held = 0
-  while held < 2:
-    name = f"extra_{i}.py"
-    if split_of(name) == "heldout":
-      shutil.copy(files[i % len(files)], out / name)
-      held += 1
-    i += 1
-  return os.fspath(out)
+  return stdlib_source_dir(tmp_path_factory.mktemp("src"), ("json",))
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +72,8 @@ def test_training_exports_a_loadable_drafter(source_dir, target, tmp_path, metho
   """A short corpus run lowers the loss, exports a folder with metadata, and the folder loads
   (bfloat16 weights) into a drafter whose greedy output equals autoregressive decoding."""
   cfg = _config(method, source_dir, tmp_path / method, "source=corpus",
-                "export_dtype=bfloat16", "optim.total_steps=8", "optim.learning_rate=0.003", "log_every=1")
+                "export_dtype=bfloat16", "optim.total_steps=8", "optim.learning_rate=0.003",
+                "log_every=1")
   summary = train_drafter(cfg, progress=False, target=target)
   losses = [r["loss"] for r in summary["history"] if "loss" in r]
   assert losses[-1] < losses[0]

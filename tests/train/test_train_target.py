@@ -10,15 +10,13 @@ from __future__ import annotations
 import glob
 import json
 import os
-import shutil
-import sysconfig
 
 import jax
 import numpy as np
 import pytest
 
+from corpora import stdlib_source_dir
 from specjax.config_utils import load_config
-from specjax.data.stdlib_code import split_of
 from specjax.train.target_lm import train_lm
 
 _TINY = [
@@ -33,20 +31,7 @@ _TINY = [
 @pytest.fixture(scope="module")
 def source_dir(tmp_path_factory) -> str:
   """~30 stdlib files, with at least two whose relative path hashes into the held-out split."""
-  out = tmp_path_factory.mktemp("tiny_src")
-  stdlib = sysconfig.get_paths()["stdlib"]
-  files = sorted(glob.glob(os.path.join(stdlib, "json", "*.py")))
-  files += sorted(glob.glob(os.path.join(stdlib, "email", "*.py")))
-  for f in files:
-    shutil.copy(f, out / f"{os.path.basename(os.path.dirname(f))}_{os.path.basename(f)}")
-  i = held = 0
-  while held < 2:
-    name = f"extra_{i}.py"
-    if split_of(name) == "heldout":
-      shutil.copy(files[i % len(files)], out / name)
-      held += 1
-    i += 1
-  return os.fspath(out)
+  return stdlib_source_dir(tmp_path_factory.mktemp("src"), ("json", "email"))
 
 
 @pytest.fixture(scope="module")
