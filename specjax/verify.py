@@ -41,6 +41,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from specjax.sampling import SamplingConfig, row_keys, target_probs
+from specjax import trees
 from specjax.trees import Tree
 
 # A residual whose mass sum(max(r - q, 0)) is at most this is rounding noise of r - q (the
@@ -167,11 +168,36 @@ def accept(tree: Tree, logits: jax.Array, sampling: SamplingConfig, rng: jax.Arr
   draws do not depend on the batch size, and draws one uniform per node.
   """
   _check_shapes(tree, logits)
+  if sampling.greedy:
+    return accept_greedy(tree, logits)
   p = target_probs(logits, sampling)
   b, n = tree.tokens.shape
   accept_key, bonus_key = jax.random.split(rng)
   uniforms = jax.vmap(lambda k: jax.random.uniform(k, (n,)))(row_keys(accept_key, b))
   return accept_with_uniforms(tree, p, uniforms, bonus_key, greedy=sampling.greedy)
+
+
+def accept_greedy(tree: Tree, logits: jax.Array) -> Acceptance:
+  """The walk above when p is one-hot at the target's argmax, without the scan over nodes.
+
+  With a one-hot residual r, trying child x accepts iff x == argmax (u * 1 < 1 for any u < 1,
+  u * 1 < 0 never) and a rejection leaves r unchanged (max(r - onehot(x), 0) = r for x !=
+  argmax). So a node is accepted iff every node on its path, itself included, is the first of its
+  siblings whose token is the argmax at its parent's row: a mask computation over the tree in
+  one shot (tests check it against the scan on random trees, duplicates and invalid nodes).
+  """
+  b, n = tree.tokens.shape
+  want = jnp.argmax(logits, axis=-1).astype(jnp.int32)  # [B, N+1] argmax after each block row
+  match = tree.valid & (tree.tokens == jnp.take_along_axis(want, tree.parent + 1, axis=1))
+  idx = jnp.arange(n)
+  earlier_sibling = ((tree.parent[:, :, None] == tree.parent[:, None, :])
+                     & (idx[None, None, :] < idx[None, :, None]))  # [B, i, j]: j < i, same parent
+  first = match & ~jnp.any(earlier_sibling & match[:, None, :], axis=-1)
+  accepted = ~jnp.any(trees.ancestor_mask(tree) & ~first[:, None, :], axis=-1)
+  # The deepest accepted node has the largest index on the (single) accepted path.
+  cur = jnp.max(jnp.where(accepted, idx[None, :] + 1, 0), axis=-1, initial=0)
+  bonus = jnp.take_along_axis(want, cur[:, None], axis=1)[:, 0]
+  return _assemble(tree.tokens, accepted, bonus)
 
 
 def _check_shapes(tree: Tree, x: jax.Array) -> None:

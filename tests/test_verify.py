@@ -555,6 +555,23 @@ def test_greedy_equals_brute_force_walk(sampled_q):
   assert np.bincount(out.n_accepted).size >= 4  # paths of several depths were walked
 
 
+def test_greedy_shortcut_equals_the_scan():
+  """`accept` takes `accept_greedy` (masks, no scan) at T = 0: on random trees with duplicate
+  siblings, invalid subtrees and argmax ties, every field equals the general scan's
+  (`accept_with_uniforms` on the one-hot p, random uniforms), which the sampled tests check."""
+  rng = np.random.default_rng(11)
+  v, b, n = 3, 300, 10
+  tokens, parent, depth, valid = _random_forest(rng, b, n, v)
+  logits = rng.integers(0, 3, (b, n + 1, v)).astype(np.float32)
+  tree = Tree(jnp.asarray(tokens, jnp.int32), jnp.asarray(parent), jnp.asarray(depth),
+              jnp.asarray(valid))
+  fast = verify.accept_greedy(tree, jnp.asarray(logits))
+  p = target_probs(jnp.asarray(logits), SamplingConfig())
+  scan = accept_u(tree, p, rng.random((b, n)).astype(np.float32), jax.random.key(0), greedy=True)
+  for name in ("n_accepted", "path", "tokens", "accepted_node"):
+    np.testing.assert_array_equal(getattr(fast, name), getattr(scan, name), err_msg=name)
+
+
 def _random_paths(rng, n, max_depth=4):
   paths, kids = [], {(): 0}
   for _ in range(n):
