@@ -304,7 +304,8 @@ def profile_phases(target: Target, prompts, *, drafter: Drafter | None = None,
                    max_new_tokens: int = 64, repeats: int = 20, temperature: float = 0.0,
                    top_k: int = 0, top_p: float = 1.0, pad_to: int | None = None
                    ) -> dict[str, float]:
-  """Seconds per round of the draft phase and of the verify phase, each jitted and timed alone.
+  """Seconds per round of the draft phase and of the verify phase, each jitted and timed alone,
+  and of the prefill (the prompt's forward plus the drafter's `init`).
 
   Both run on the state right after the prompt's prefill, repeatedly on the same input (state
   is not advanced), so they measure one typical round: the ideal speedup of a method is
@@ -314,7 +315,8 @@ def profile_phases(target: Target, prompts, *, drafter: Drafter | None = None,
   spec, (params, drafter, prompt_arr, lens, eos, rng) = _setup(
       target, prompts, max_new_tokens, drafter, SamplingConfig(temperature, top_k, top_p), 0,
       [], pad_to)
-  state = jax.jit(_prefill, static_argnums=0)(spec, params, drafter, prompt_arr, lens, eos, rng)
+  prefill = jax.jit(_prefill, static_argnums=0)
+  state = prefill(spec, params, drafter, prompt_arr, lens, eos, rng)
   draft = jax.jit(_draft_phase, static_argnums=0)
   verify_fn = jax.jit(_verify_phase, static_argnums=0)
   tree, drafted, key = draft(spec, params, drafter, state)
@@ -329,6 +331,7 @@ def profile_phases(target: Target, prompts, *, drafter: Drafter | None = None,
     return (time.perf_counter() - start) / repeats
 
   return {
+      "t_prefill": timed(lambda: prefill(spec, params, drafter, prompt_arr, lens, eos, rng)),
       "t_draft": timed(lambda: draft(spec, params, drafter, state)) if drafter.num_nodes else 0.0,
       "t_verify": timed(lambda: verify_fn(spec, params, drafter, eos, tree, drafted, key)),
   }
