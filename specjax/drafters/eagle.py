@@ -71,7 +71,7 @@ def depth_logits(net: EagleConfig, params, head, feats, tokens, emb_table, num_s
     return logits, jnp.zeros((), jnp.float32)
   err = (outs[0][:, :-1] - feats[:, 1:]).astype(jnp.float32)
   smooth_l1 = jnp.where(jnp.abs(err) < 1.0, 0.5 * err**2, jnp.abs(err) - 0.5)
-  return logits, smooth_l1.sum(-1).mean()
+  return logits, smooth_l1.mean()  # EAGLE averages over positions and feature dimensions
 
 
 FAMILY = io.register_family(io.Family(

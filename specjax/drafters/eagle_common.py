@@ -136,7 +136,7 @@ def unroll(net, feats: jax.Array, tokens: jax.Array, emb_table: jax.Array, head,
 @struct.dataclass
 class EagleState:
   cache: KVCache  # [1, B, S_d, K, D] the drafter's own; length = c
-  feats: jax.Array  # [B, N + 1, F] target features of the pairs not yet fed
+  feats: jax.Array  # [B, depth + 1, F] target features of the pairs not yet fed
   n_new: jax.Array  # int32[B] how many of them (>= 1)
 
 
@@ -176,7 +176,7 @@ class EagleDrafter(learned.LearnedDrafter):
     net = self._net()
     b, p = prefill.prompt.shape
     cfg = target.config
-    slots = prefill.history.shape[1] + self._tree_slots + self.total_tokens + 1
+    slots = prefill.history.shape[1] + self._tree_slots + self.depth + 1
     cache = KVCache.init(1, b, slots, cfg.num_kv_heads, cfg.head_dim, self.head_dtype)
     feats = learned.concat_features(prefill.hidden).astype(self.head_dtype)  # [B, P, F]
     n_fed = prefill.hist_len - 2  # pairs 0 .. prompt_len - 2; the last one stays pending
@@ -186,7 +186,7 @@ class EagleDrafter(learned.LearnedDrafter):
     _, cache = self._feed(net, net.features(feats), emb, positions, cache,
                           jnp.zeros((b,), jnp.int32), mask)
     pending = learned.take_rows(feats, n_fed)[:, None]
-    pad = jnp.zeros((b, self.total_tokens, feats.shape[-1]), feats.dtype)
+    pad = jnp.zeros((b, self.depth, feats.shape[-1]), feats.dtype)
     return EagleState(cache.replace(length=n_fed), jnp.concatenate([pending, pad], axis=1),
                       jnp.ones((b,), jnp.int32))
 
@@ -232,7 +232,8 @@ class EagleDrafter(learned.LearnedDrafter):
   def update(self, target: TargetView, state: EagleState, result: RoundResult) -> EagleState:
     acc = result.acceptance
     feats = learned.concat_features(result.hidden).astype(state.feats.dtype)  # [B, N+1, F]
-    feats = jnp.take_along_axis(feats, acc.path[:, :, None], axis=1)
+    # A path is at most `depth` nodes deep: pending + accepted rows fit in depth + 1.
+    feats = jnp.take_along_axis(feats, acc.path[:, :self.depth + 1, None], axis=1)
     live = result.live
     return EagleState(state.cache, jnp.where(live[:, None, None], feats, state.feats),
                       jnp.where(live, acc.n_accepted + 1, state.n_new))
