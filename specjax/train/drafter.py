@@ -41,7 +41,7 @@ from specjax.models import decoder
 from specjax.target import Target
 from specjax.train import loop
 from specjax.train.optim import OptimConfig, make_optimizer
-from specjax.train.target_lm import _jsonable
+from specjax.train.target_lm import jsonable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -245,7 +245,7 @@ def train_drafter(cfg: DrafterTrainConfig, *, stop_after: int | None = None,
   t0 = time.perf_counter()
   train_rows, heldout_rows, counts = training_rows(cfg, target)
   data_seconds = time.perf_counter() - t0
-  d2t = _draft_vocab(cfg, counts)
+  d2t = learned.draft_vocab_from_counts(counts, cfg.draft_vocab_size)
   net = fam.make_config(target.config, num_heads=cfg.num_heads,
                         draft_vocab_size=cfg.draft_vocab_size)
   setup = _Setup(fam, net, target.config, fam.hidden_layers(target.config))
@@ -280,7 +280,7 @@ def train_drafter(cfg: DrafterTrainConfig, *, stop_after: int | None = None,
   metadata = {
       "method": cfg.method,
       "num_params": decoder.num_params(result.params),
-      "training": _jsonable(dataclasses.asdict(cfg)),
+      "training": jsonable(dataclasses.asdict(cfg)),
       "steps": result.step,
       "tokens_seen": result.step * cfg.batch_size * train_rows.shape[1],
       "wall_seconds": round(result.elapsed_seconds, 1),
@@ -297,10 +297,6 @@ def train_drafter(cfg: DrafterTrainConfig, *, stop_after: int | None = None,
                   target.tokenizer, metadata, dtype=cfg.export_dtype)
   summary.update(export_dir=export_dir, metadata=metadata)
   return summary
-
-
-def _draft_vocab(cfg: DrafterTrainConfig, counts: np.ndarray) -> np.ndarray:
-  return learned.draft_vocab_from_counts(counts, cfg.draft_vocab_size)
 
 
 def _init_params(fam: io.Family, net, target: Target, d2t: np.ndarray, seed: int):

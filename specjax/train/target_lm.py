@@ -198,7 +198,7 @@ def export(cfg: LMTrainConfig, model_cfg: ModelConfig, result: loop.TrainResult,
   metadata = {
       "model": export_cfg.to_hf_dict(),
       "num_params": decoder.num_params(params),
-      "training": _jsonable(dataclasses.asdict(cfg)),
+      "training": jsonable(dataclasses.asdict(cfg)),
       "steps": result.step,
       "tokens_seen": result.step * cfg.batch_size * cfg.seq_len,
       "wall_seconds": round(result.elapsed_seconds, 1),
@@ -208,7 +208,7 @@ def export(cfg: LMTrainConfig, model_cfg: ModelConfig, result: loop.TrainResult,
       "unigram_baseline_loss": unigram_baseline(data.train_stream, data.heldout_stream,
                                                 model_cfg.vocab_size),
       "train_tokens": int(data.train_stream.size),
-      "corpus": _jsonable(data.corpus),
+      "corpus": jsonable(data.corpus),
       "trainer_python": sys.version.split()[0],
   }
   save_hf(Target(export_cfg, params, data.tokenizer), export_dir,
@@ -216,7 +216,7 @@ def export(cfg: LMTrainConfig, model_cfg: ModelConfig, result: loop.TrainResult,
   return metadata
 
 
-def _jsonable(x):
+def jsonable(x):
   """JSON-ready copy of `x` with machine paths made portable (`portable_path`)."""
   plain = json.loads(json.dumps(x, default=str))
 
