@@ -1,4 +1,4 @@
-"""EAGLE-3 for the embedded target: fused layers (1, 3, 5), training-time test over 4 steps.
+"""EAGLE-3 for the embedded target: fused taps (2, 4, 6), training-time test over 4 steps.
 
   python -m experiments.train_drafter --config configs/eagle3_stdlib.py
 

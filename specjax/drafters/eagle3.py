@@ -62,14 +62,16 @@ class Eagle3Net(nnx.Module):
 
 
 def hidden_layers(target_cfg: ModelConfig) -> tuple[int, ...]:
-  """Low, middle and high: outputs of layers 1, L // 2 and L - 1 (HF hidden-state indices).
+  """Low, middle and high taps: outputs of layers L // 3 and 2L // 3, and the final state L.
 
-  EAGLE-3 taps the inputs of layers 2, L // 2 and L - 3 of deep targets; on a 6-layer target
-  that rule repeats a layer, so the three taps are spread over the whole depth instead (on a
-  target of under 3 layers some repeat).
+  EAGLE-3 taps the inputs of layers 2, L // 2 and L - 3 of a deep target, where the last three
+  layers are a small part of the network. On the 6-layer embedded target the layer below the top
+  would leave out a sixth of it: a drafter fed (1, 3, 5) agreed with the target slightly less
+  than EAGLE reading the final state alone (tau 3.22 vs 3.35 on HumanEval at 8 nodes), so the
+  high tap is the final (normed) state, the one the target's LM head reads.
   """
   n = target_cfg.num_layers
-  return (1, max(1, n // 2), max(1, n - 1))
+  return (max(1, n // 3), max(1, 2 * n // 3), n)
 
 
 def make_config(target_cfg: ModelConfig, *, draft_vocab_size: int, **_) -> Eagle3Config:
