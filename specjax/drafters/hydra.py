@@ -23,9 +23,8 @@ from flax import nnx, struct
 
 from specjax import trees
 from specjax.drafters import io, learned
-from specjax.drafters.base import DraftContext, Prefill, RoundResult, TargetView
-from specjax.drafters.medusa import (HeadState, assemble_static, last_feature_after_round,
-                                     last_feature_at_prefill)
+from specjax.drafters.base import DraftContext, TargetView
+from specjax.drafters.medusa import HeadState, StaticTreeDrafter, assemble_static
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,21 +79,7 @@ def _ancestors(template: trees.TreeTemplate, node: int) -> list[int]:
 
 
 @struct.dataclass
-class Hydra(learned.LearnedDrafter):
-  net: HydraConfig = struct.field(pytree_node=False, default=None)
-  template: trees.TreeTemplate = struct.field(pytree_node=False, default=None)
-  hidden_layers: tuple[int, ...] = struct.field(pytree_node=False, default=())
-  sampled: bool = struct.field(pytree_node=False, default=False)
-
-  @property
-  def num_nodes(self) -> int:
-    return self.template.num_nodes
-
-  def init(self, target: TargetView, prefill: Prefill) -> HeadState:
-    return last_feature_at_prefill(prefill)
-
-  def update(self, target: TargetView, state: HeadState, result: RoundResult) -> HeadState:
-    return last_feature_after_round(state, result)
+class Hydra(StaticTreeDrafter):
 
   def draft(self, target: TargetView, state: HeadState, ctx: DraftContext):
     heads = learned.merge(HydraHeads, self.net, self.params).heads

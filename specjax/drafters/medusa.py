@@ -89,8 +89,10 @@ def last_feature_after_round(state: HeadState, result: RoundResult) -> HeadState
 
 
 @struct.dataclass
-class Medusa(learned.LearnedDrafter):
-  net: MedusaConfig = struct.field(pytree_node=False, default=None)
+class StaticTreeDrafter(learned.LearnedDrafter):
+  """Heads on the last committed hidden state filling a static template (Medusa, Hydra)."""
+
+  net: object = struct.field(pytree_node=False, default=None)
   template: trees.TreeTemplate = struct.field(pytree_node=False, default=None)
   hidden_layers: tuple[int, ...] = struct.field(pytree_node=False, default=())
   sampled: bool = struct.field(pytree_node=False, default=False)  # top-k children: one-hot q
@@ -104,6 +106,10 @@ class Medusa(learned.LearnedDrafter):
 
   def update(self, target: TargetView, state: HeadState, result: RoundResult) -> HeadState:
     return last_feature_after_round(state, result)
+
+
+@struct.dataclass
+class Medusa(StaticTreeDrafter):
 
   def draft(self, target: TargetView, state: HeadState, ctx: DraftContext):
     heads = learned.merge(MedusaHeads, self.net, self.params)
