@@ -25,6 +25,19 @@ class Checkpoint:
   target: Any  # specjax.Target loaded from `path` in float32
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+  """Drops every compiled program after each test module. A full run compiles hundreds of
+  generate programs (one per drafter, batch and shape); kept for the whole session their
+  executables add up on the 24 GiB CI machine, and a module never needs another's."""
+  yield
+  import jax
+
+  from specjax import decoding
+  decoding._COMPILED.clear()
+  jax.clear_caches()
+
+
 @pytest.fixture(scope="session")
 def hf_checkpoint(tmp_path_factory):
   """`hf_checkpoint(variant) -> Checkpoint`, saving and loading each variant once per session."""

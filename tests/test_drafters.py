@@ -3,8 +3,7 @@
 Drafters are called directly through the protocol (`init` / `draft` / `update`) on hand-made
 inputs and compared with small independent references (a Python n-gram search, a walk of the
 template's paths, a cache-free forward of the model), plus the registry's contract. Only the
-layer-skip and draft-LM sync checks run `generate`; they reuse the compiled programs of
-tests/test_speculative.py when both files run in one session (same configs and shapes).
+layer-skip and draft-LM sync checks run `generate`.
 """
 
 from __future__ import annotations
