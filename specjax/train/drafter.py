@@ -276,7 +276,10 @@ def train_drafter(cfg: DrafterTrainConfig, *, stop_after: int | None = None,
              "finished": result.step >= cfg.optim.total_steps, "d2t": d2t}
   if not summary["finished"]:
     return summary
-  final = evaluate(result.params)
+  # The loop evaluates at the last step; a run resumed at its end has no record of it.
+  final = next(({k[len("eval/"):]: v for k, v in r.items() if k.startswith("eval/")}
+                for r in reversed(result.history) if "eval/agree_1" in r), None)
+  final = final or evaluate(result.params)
   metadata = {
       "method": cfg.method,
       "num_params": decoder.num_params(result.params),
