@@ -21,7 +21,7 @@ import transformers
 from safetensors.numpy import load_file, save_file
 
 import specjax
-from specjax.sampling import SamplingConfig, process_logits
+from specjax.sampling import SamplingConfig, argmax, process_logits
 from stats import pooled_chi_square
 
 VOCAB = 211  # hf_models._BASE
@@ -259,6 +259,23 @@ def test_process_logits_top_k_keeps_ties():
   theirs = transformers.TopKLogitsWarper(2)(None, torch.tensor(logits)).numpy()
   np.testing.assert_array_equal(np.isfinite(ours), [[False, True, True, True, False, True]])
   np.testing.assert_array_equal(np.isfinite(ours), np.isfinite(theirs))
+
+
+
+def test_argmax_equals_jnp_argmax_with_ties_infs_and_nans():
+  """`sampling.argmax` (the decode path's) is `jnp.argmax` exactly: first index of the maximum
+  among ties, -inf / +inf rows, and the first NaN when a row has one (never out of range)."""
+  rng = np.random.default_rng(0)
+  x = rng.integers(-3, 4, size=(64, 37)).astype(np.float32)  # many ties
+  x[0] = -np.inf
+  x[1, 5] = x[1, 20] = np.inf
+  x[2, 7] = x[2, 30] = np.nan
+  x[3] = np.nan
+  x[4, 36] = 100.0
+  rows = rng.standard_normal((3, 5, 8192)).astype(np.float32)
+  for a in (x, rows):
+    np.testing.assert_array_equal(np.asarray(argmax(jnp.asarray(a))),
+                                  np.asarray(jnp.argmax(jnp.asarray(a), axis=-1)))
 
 
 # -- 10. compiled program reuse ------------------------------------------------------------------
