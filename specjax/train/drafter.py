@@ -240,7 +240,7 @@ def train_drafter(cfg: DrafterTrainConfig, *, stop_after: int | None = None,
   target = target or _load_target(cfg)
   if target.tokenizer is None:
     raise ValueError("drafter training needs the target's tokenizer (tokenizer.json)")
-  os.makedirs(cfg.workdir, exist_ok=True)
+  loop.check_run_config(cfg.workdir, cfg)
   fam = io.family(cfg.method)
   t0 = time.perf_counter()
   train_rows, heldout_rows, counts = training_rows(cfg, target)

@@ -9,6 +9,8 @@ for step k depends only on (seed, k); and the compiled step is the same program 
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import time
 from typing import Any, Callable, Iterator
 
@@ -40,6 +42,48 @@ class TrainResult:
   elapsed_seconds: float  # training wall time summed over every resumed run
   history: list[dict[str, float]]  # one record per log / eval event of *this* run
   resumed_from: int | None
+
+
+RUN_CONFIG = "run_config.json"
+
+
+def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+  out = {}
+  for k, v in d.items():
+    if isinstance(v, dict):
+      out.update(_flat(v, f"{prefix}{k}."))
+    else:
+      out[f"{prefix}{k}"] = v
+  return out
+
+
+# Fields of a trainer's config that cannot change the parameters it reaches.
+NOT_RUN_SETTINGS = ("log_every", "eval_every", "save_every", "workdir", "export_dir",
+                    "export_dtype")
+
+
+def check_run_config(workdir: str, cfg: Any) -> None:
+  """Records the settings a run starts with (`cfg`, a trainer's config dataclass, less
+  NOT_RUN_SETTINGS) in `workdir`, and refuses to resume a run that was started with other ones:
+  its checkpoints would continue under another schedule or data, and the result would match
+  neither run."""
+  settings = {k: v for k, v in json.loads(json.dumps(dataclasses.asdict(cfg), default=str)).items()
+              if k not in NOT_RUN_SETTINGS}
+  path = os.path.join(workdir, RUN_CONFIG)
+  if os.path.isfile(path):
+    with open(path) as f:
+      saved, current = _flat(json.load(f)), _flat(settings)
+    diff = [k for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k)]
+    if diff:
+      detail = "; ".join(f"{k}: {saved.get(k)!r} -> {current.get(k)!r}" for k in diff)
+      raise ValueError(f"{workdir} holds a run started with other settings ({detail}). Resume "
+                       "it with its own settings, or train in a fresh workdir")
+    return
+  os.makedirs(workdir, exist_ok=True)
+  tmp = f"{path}.{os.getpid()}.tmp"
+  with open(tmp, "w") as f:
+    json.dump(settings, f, indent=1, sort_keys=True)
+  os.replace(tmp, path)
 
 
 def make_train_step(loss_fn: LossFn, tx: optax.GradientTransformation):

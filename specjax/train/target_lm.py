@@ -160,6 +160,7 @@ def batch_stream(cfg: LMTrainConfig, train_stream: np.ndarray):
 def train_lm(cfg: LMTrainConfig, *, stop_after: int | None = None,
              progress: bool = True) -> dict[str, Any]:
   """Runs (or resumes) the training described by `cfg`; exports when it reaches the end."""
+  loop.check_run_config(cfg.workdir, cfg)
   data = prepare_data(cfg)
   eos = tokenizer_lib.eos_id(data.tokenizer)
   model_cfg = cfg.model.replace(eos_token_id=(eos,), bos_token_id=eos)

@@ -67,6 +67,20 @@ def test_eagle3_resume_after_interruption_is_bitwise_identical(source_dir, targe
   assert len(glob.glob(os.path.join(tmp_path, "distill", "distill-*.npy"))) == 1
 
 
+def test_resuming_with_other_settings_is_refused(source_dir, target, tmp_path):
+  """A workdir remembers the settings its run started with: resuming it under another schedule
+  is refused with the differing field named; logging settings may change."""
+  workdir = tmp_path / "run"
+  train_drafter(_config("medusa", source_dir, workdir, "source=corpus"), stop_after=1,
+                progress=False, target=target)
+  with pytest.raises(ValueError, match=r"optim\.total_steps: 6 -> 12"):
+    train_drafter(_config("medusa", source_dir, workdir, "source=corpus",
+                          "optim.total_steps=12"), progress=False, target=target)
+  resumed = train_drafter(_config("medusa", source_dir, workdir, "source=corpus", "log_every=1",
+                                  "eval_every=6"), progress=False, target=target)
+  assert resumed["finished"] and resumed["step"] == 6
+
+
 @pytest.mark.parametrize("method", ["medusa", "hydra", "eagle", "eagle3"])
 def test_training_exports_a_loadable_drafter(source_dir, target, tmp_path, method):
   """A short corpus run lowers the loss, exports a folder with metadata, and the folder loads
