@@ -3,16 +3,17 @@
 from specjax.train.drafter import DrafterTrainConfig
 from specjax.train.optim import OptimConfig
 
-STEPS = 600
+STEPS = 600  # Medusa and Hydra; the EAGLE family trains longer on twice the rows (its configs)
+ROWS = 4096  # self-distilled rows of 64 prompt + 192 generated tokens
 
 
 def drafter_config(method: str, *, train_steps: int, learning_rate: float,
-                   steps: int = STEPS) -> DrafterTrainConfig:
+                   steps: int = STEPS, distill_rows: int = ROWS) -> DrafterTrainConfig:
   return DrafterTrainConfig(
       method=method,
       optim=OptimConfig(learning_rate=learning_rate, warmup_steps=30, total_steps=steps,
                         final_lr_ratio=0.1, weight_decay=0.0, clip_norm=0.5),
-      source="self_distill", distill_rows=4096, distill_prompt_tokens=64,
+      source="self_distill", distill_rows=distill_rows, distill_prompt_tokens=64,
       distill_new_tokens=192, distill_temperature=0.0, distill_batch=128,
       draft_vocab_size=2048, num_heads=4, train_steps=train_steps, step_decay=0.8,
       eval_depth=4 if method in ("medusa", "hydra") else 5,
