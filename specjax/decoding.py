@@ -311,8 +311,8 @@ def profile_phases(target: Target, prompts, *, drafter: Drafter | None = None,
   `generate`, starting from the state right after the prompt's prefill, so per-call dispatch
   is not counted: t_verify of autoregressive decoding is its in-loop step. Rounds chain through
   the state (the verify phase commits, the draft phase updates its drafter state), and the
-  figure is the difference between 2 * repeats and repeats rounds, which cancels the call's
-  fixed cost. They measure one typical round: the ideal speedup of a method is
+  figure is the difference between 2 * repeats and repeats rounds (the fastest of three runs
+  each), which cancels the call's fixed cost. They measure one typical round: the ideal speedup of a method is
   tau * t_AR_step / (t_draft + t_verify), and a loop is efficient when it gets close to it.
   """
   drafter = NoDrafter() if drafter is None else drafter
@@ -344,8 +344,10 @@ def profile_phases(target: Target, prompts, *, drafter: Drafter | None = None,
       jax.block_until_ready(fn(n))
       return time.perf_counter() - start
     wall(repeats)  # compile and warm up
-    best = min(wall(2 * repeats) - wall(repeats) for _ in range(3))
-    return max(best, 0.0) / repeats
+    # Fastest of three runs at each length (a robust estimate of each), then their difference.
+    short = min(wall(repeats) for _ in range(3))
+    long = min(wall(2 * repeats) for _ in range(3))
+    return max(long - short, 0.0) / repeats
 
   def per_call(fn) -> float:
     jax.block_until_ready(fn())
