@@ -304,16 +304,17 @@ def profile_phases(target: Target, prompts, *, drafter: Drafter | None = None,
                    max_new_tokens: int = 64, repeats: int = 20, temperature: float = 0.0,
                    top_k: int = 0, top_p: float = 1.0, pad_to: int | None = None
                    ) -> dict[str, float]:
-  """Seconds per round of the draft phase and of the verify phase, each timed alone, and of the
-  prefill (the prompt's forward plus the drafter's `init`).
+  """Seconds per round of the verify phase and of the draft phase, and of the prefill (the
+  prompt's forward plus the drafter's `init`).
 
-  Each phase runs `repeats` times inside one compiled `lax.while_loop`, as it does in
-  `generate`, starting from the state right after the prompt's prefill, so per-call dispatch
-  is not counted: t_verify of autoregressive decoding is its in-loop step. Rounds chain through
-  the state (the verify phase commits, the draft phase updates its drafter state), and the
-  figure is the difference between 2 * repeats and repeats rounds (the fastest of three runs
-  each), which cancels the call's fixed cost. They measure one typical round: the ideal speedup of a method is
-  tau * t_AR_step / (t_draft + t_verify), and a loop is efficient when it gets close to it.
+  Rounds run `repeats` times inside one compiled `lax.while_loop`, as in `generate`, from the
+  state right after the prompt's prefill, so per-call dispatch is not counted (t_verify of
+  autoregressive decoding is its in-loop step). t_verify chains verify phases of one drafted tree
+  through the state; t_draft is what a whole round (draft, then verify) costs beyond that, which
+  keeps a drafter whose state a draft leaves unchanged from being hoisted out of the loop. Each
+  figure is the difference between 2 * repeats and repeats rounds (the fastest of five runs
+  each, the loops interleaved), which cancels the call's fixed cost. The ideal speedup of a method is
+  tau * t_AR_step / (t_draft + t_verify); a loop is efficient when it gets close to it.
   """
   drafter = NoDrafter() if drafter is None else drafter
   spec, (params, drafter, prompt_arr, lens, eos, rng) = _setup(
@@ -323,31 +324,29 @@ def profile_phases(target: Target, prompts, *, drafter: Drafter | None = None,
   state = prefill(spec, params, drafter, prompt_arr, lens, eos, rng)
   tree, _, key = jax.jit(_draft_phase, static_argnums=0)(spec, params, drafter, state)
 
-  def draft_rounds(params, drafter, state, n):
-    def body(i, carry):
-      s, checksum = carry
-      # The last history column is never a token of the run; writing the round number there
-      # makes every round's input differ, so XLA cannot hoist a drafter that leaves its state
-      # unchanged out of the loop.
-      s = s.replace(history=s.history.at[:, -1].set(i))
-      tree, s, _ = _draft_phase(spec, params, drafter, s)
-      return s, checksum + sum(jnp.sum(x.astype(jnp.float32)) for x in jax.tree.leaves(tree))
-    return jax.lax.fori_loop(0, n, body, (state, jnp.zeros((), jnp.float32)))
+  @jax.jit
+  def rounds(params, drafter, eos, state, n):
+    return jax.lax.fori_loop(0, n, lambda i, s: _round(spec, params, drafter, eos, s), state)
 
+  @jax.jit
   def verify_rounds(params, drafter, eos, tree, state, key, n):
     return jax.lax.fori_loop(
         0, n, lambda i, s: _verify_phase(spec, params, drafter, eos, tree, s, key), state)
 
-  def per_round(fn) -> float:
-    def wall(n: int) -> float:
-      start = time.perf_counter()
-      jax.block_until_ready(fn(n))
-      return time.perf_counter() - start
-    wall(repeats)  # compile and warm up
-    # Fastest of three runs at each length (a robust estimate of each), then their difference.
-    short = min(wall(repeats) for _ in range(3))
-    long = min(wall(2 * repeats) for _ in range(3))
-    return max(long - short, 0.0) / repeats
+  def per_round(loops: dict[str, Any]) -> dict[str, float]:
+    """Seconds per round of each `n -> state` loop: runs at repeats and 2 * repeats rounds,
+    interleaved across the loops (so drift in the machine's speed hits them alike); the fastest
+    run at each length, then their difference over repeats."""
+    walls = {name: {n: [] for n in (repeats, 2 * repeats)} for name in loops}
+    for trial in range(6):
+      for name, fn in loops.items():
+        for n in (repeats, 2 * repeats):
+          start = time.perf_counter()
+          jax.block_until_ready(fn(n))
+          if trial:  # the first trial compiles and warms up
+            walls[name][n].append(time.perf_counter() - start)
+    return {name: max(min(w[2 * repeats]) - min(w[repeats]), 0.0) / repeats
+            for name, w in walls.items()}
 
   def per_call(fn) -> float:
     jax.block_until_ready(fn())
@@ -357,12 +356,14 @@ def profile_phases(target: Target, prompts, *, drafter: Drafter | None = None,
     jax.block_until_ready(out)
     return (time.perf_counter() - start) / repeats
 
-  draft_fn, verify_fn = jax.jit(draft_rounds), jax.jit(verify_rounds)
+  loops = {"verify": lambda n: verify_rounds(params, drafter, eos, tree, state, key, n)}
+  if drafter.num_nodes:
+    loops["round"] = lambda n: rounds(params, drafter, eos, state, n)
+  t = per_round(loops)
   return {
       "t_prefill": per_call(lambda: prefill(spec, params, drafter, prompt_arr, lens, eos, rng)),
-      "t_draft": per_round(lambda n: draft_fn(params, drafter, state, n))
-      if drafter.num_nodes else 0.0,
-      "t_verify": per_round(lambda n: verify_fn(params, drafter, eos, tree, state, key, n)),
+      "t_draft": max(t.get("round", t["verify"]) - t["verify"], 0.0),
+      "t_verify": t["verify"],
   }
 
 

@@ -13,7 +13,7 @@ from specjax.benchmark import AR, BenchmarkConfig, markdown, run
 
 def test_benchmark_runs_and_reports(tmp_path):
   cfg = BenchmarkConfig(methods=(AR, "prompt_lookup", "eagle3"), datasets=("humaneval",),
-                        num_prompts=2, max_new_tokens=16, profile_repeats=2, out=str(tmp_path))
+                        num_prompts=2, max_new_tokens=16, profile_repeats=4, out=str(tmp_path))
   records = run(cfg)
   assert [r["method"] for r in records] == [AR, "prompt_lookup", "eagle3"]
   ar = records[0]
