@@ -2,9 +2,9 @@
 
 For each dataset and method: one warm-up generation (compiles; excluded), then the same prompts,
 batch 1, the same max_new_tokens for every method, autoregressive decoding measured in the same
-run. Reported per (method, dataset): tau (emitted tokens / target calls), tokens/s, speedup vs
+run, the methods interleaved prompt by prompt (a drift in machine speed hits them alike). Reported per (method, dataset): tau (emitted tokens / target calls), tokens/s, speedup vs
 autoregressive, target calls, acceptance rate by depth, and per-phase timings (draft and verify
-rounds timed alone) giving the share of time spent drafting and the ideal speedup
+rounds timed in compiled loops) giving the share of time spent drafting and the ideal speedup
 tau * t_AR_step / (t_draft + t_verify) that a perfect loop would reach in decoding, and the same
 bound end to end, with each method's prefill (prompt forward + drafter init) timed alone: what the
 measured speedup, which includes the prefill, is judged against (loop efficiency).
@@ -81,41 +81,54 @@ def load_prompts(target: Target, dataset: str, cfg: BenchmarkConfig) -> list[lis
   return [r[-cfg.max_prompt_tokens:] for r in rows]
 
 
-def run_method(target: Target, method: str, prompts: Sequence[list[int]], cfg: BenchmarkConfig,
-               bar=None, options: dict[str, Any] | None = None) -> dict[str, Any]:
-  """One method on every prompt; `options` replace the config's builder options."""
-  options = cfg.options_for(method) if options is None else options
-  drafter = None if method == AR else drafters.build(method, target, **options)
+def run_methods(target: Target, runs: Sequence[tuple[str, dict[str, Any] | None]],
+                prompts: Sequence[list[int]], cfg: BenchmarkConfig, bar=None
+                ) -> list[dict[str, Any]]:
+  """Each (method, builder options or None for the config's) on every prompt.
+
+  The runs are interleaved prompt by prompt (prompt 0 with every method, then prompt 1, ...), so
+  a drift in the machine's speed during the benchmark hits every method alike instead of
+  whichever ran during it; each run is warmed up (compiled) first.
+  """
   pad_to = max(len(p) for p in prompts)
-  kwargs = dict(max_new_tokens=cfg.max_new_tokens, drafter=drafter, temperature=cfg.temperature,
-                top_k=cfg.top_k, top_p=cfg.top_p, eos_token_id=[], pad_to=pad_to)
-  generate(target, [prompts[0]], seed=cfg.seed, **kwargs)  # warm-up: compile, first-call costs
-  tokens = calls = 0
-  wall = 0.0
-  hist = None
-  outputs = []
+  setups = []
+  for method, options in runs:
+    options = cfg.options_for(method) if options is None else options
+    drafter = None if method == AR else drafters.build(method, target, **options)
+    kwargs = dict(max_new_tokens=cfg.max_new_tokens, drafter=drafter,
+                  temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
+                  eos_token_id=[], pad_to=pad_to)
+    generate(target, [prompts[0]], seed=cfg.seed, **kwargs)  # warm-up: compile, first calls
+    setups.append((method, drafter, kwargs))
+  acc = [{"tokens": 0, "calls": 0, "wall": 0.0, "hist": None, "outputs": []} for _ in runs]
   for i, prompt in enumerate(prompts):
-    r = generate(target, [prompt], seed=cfg.seed + i, **kwargs)
-    tokens += r.stats.new_tokens
-    calls += r.stats.target_calls
-    wall += r.stats.wall_seconds
-    h = np.asarray(r.stats.accepted_by_depth)
-    hist = h if hist is None else hist + h
-    outputs.append(r.tokens[0])
-    if bar is not None:
-      bar.update(1)
-  phases = profile_phases(target, [prompts[0]], drafter=drafter, repeats=cfg.profile_repeats,
-                          max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-                          top_k=cfg.top_k, top_p=cfg.top_p, pad_to=pad_to)
-  reached = hist[::-1].cumsum()[::-1]
-  alpha = [float(reached[d] / reached[d - 1]) if reached[d - 1] else None
-           for d in range(1, len(hist))]
-  return {"method": method, "tau": tokens / calls, "tokens_per_second": tokens / wall,
-          "target_calls": calls, "new_tokens": tokens, "wall_seconds": wall,
-          "acceptance_by_depth": alpha, "t_prefill_ms": phases["t_prefill"] * 1e3,
-          "t_draft_ms": phases["t_draft"] * 1e3,
-          "t_verify_ms": phases["t_verify"] * 1e3, "outputs": outputs,
-          "draft_nodes": 0 if drafter is None else drafter.num_nodes}
+    for (method, drafter, kwargs), a in zip(setups, acc):
+      r = generate(target, [prompt], seed=cfg.seed + i, **kwargs)
+      a["tokens"] += r.stats.new_tokens
+      a["calls"] += r.stats.target_calls
+      a["wall"] += r.stats.wall_seconds
+      h = np.asarray(r.stats.accepted_by_depth)
+      a["hist"] = h if a["hist"] is None else a["hist"] + h
+      a["outputs"].append(r.tokens[0])
+      if bar is not None:
+        bar.update(1)
+  records = []
+  for (method, drafter, kwargs), a in zip(setups, acc):
+    phases = profile_phases(target, [prompts[0]], drafter=drafter, repeats=cfg.profile_repeats,
+                            max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+                            top_k=cfg.top_k, top_p=cfg.top_p, pad_to=pad_to)
+    hist = a["hist"]
+    reached = hist[::-1].cumsum()[::-1]
+    alpha = [float(reached[d] / reached[d - 1]) if reached[d - 1] else None
+             for d in range(1, len(hist))]
+    records.append({
+        "method": method, "tau": a["tokens"] / a["calls"],
+        "tokens_per_second": a["tokens"] / a["wall"], "target_calls": a["calls"],
+        "new_tokens": a["tokens"], "wall_seconds": a["wall"], "acceptance_by_depth": alpha,
+        "t_prefill_ms": phases["t_prefill"] * 1e3, "t_draft_ms": phases["t_draft"] * 1e3,
+        "t_verify_ms": phases["t_verify"] * 1e3, "outputs": a["outputs"],
+        "draft_nodes": 0 if drafter is None else drafter.num_nodes})
+  return records
 
 
 def _finish(records: list[dict[str, Any]]) -> None:
@@ -208,10 +221,9 @@ def run(cfg: BenchmarkConfig) -> list[dict[str, Any]]:
   total = sum(len(p) for p in prompts.values()) * len(methods)
   with tqdm(total=total, desc="benchmark", dynamic_ncols=True) as bar:
     for dataset, rows in prompts.items():
-      group = []
-      for method in methods:
-        bar.set_postfix(dataset=dataset, method=method)
-        group.append(dict(run_method(target, method, rows, cfg, bar), dataset=dataset))
+      bar.set_postfix(dataset=dataset)
+      group = [dict(r, dataset=dataset)
+               for r in run_methods(target, [(m, None) for m in methods], rows, cfg, bar)]
       _finish(group)
       records += group
   os.makedirs(cfg.out, exist_ok=True)
@@ -230,12 +242,10 @@ def sweep_trees(method: str, candidates: Sequence[dict[str, Any]], cfg: Benchmar
   e.g. held-out stdlib files: tune on data the benchmark table does not report)."""
   target = load_target(cfg.target or assets.TARGET_DIR, dtype="float32")
   prompts = [p for d in cfg.datasets for p in load_prompts(target, d, cfg)]
-  records = []
   with tqdm(total=len(prompts) * (len(candidates) + 1), desc=f"sweep {method}",
             dynamic_ncols=True) as bar:
-    records.append(dict(run_method(target, AR, prompts, cfg, bar), options={}))
-    for options in candidates:
-      records.append(dict(run_method(target, method, prompts, cfg, bar, dict(options)),
-                          options=dict(options)))
+    runs = [(AR, {})] + [(method, dict(options)) for options in candidates]
+    records = [dict(r, options=options) for r, (_, options)
+               in zip(run_methods(target, runs, prompts, cfg, bar), runs)]
   _finish(records)
   return records
