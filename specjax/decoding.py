@@ -313,8 +313,8 @@ def profile_phases(target: Target, prompts, *, drafter: Drafter | None = None,
   through the state; t_draft is what a whole round (draft, then verify) costs beyond that, which
   keeps a drafter whose state a draft leaves unchanged from being hoisted out of the loop. Each
   figure is the difference between 2 * repeats and repeats rounds (the fastest of five runs
-  each, the loops interleaved), which cancels the call's fixed cost. The ideal speedup of a method is
-  tau * t_AR_step / (t_draft + t_verify); a loop is efficient when it gets close to it.
+  each, the loops interleaved), which cancels the call's fixed cost. The ideal speedup of a
+  method is tau * t_AR_step / (t_draft + t_verify); a loop is efficient when it gets close to it.
   """
   drafter = NoDrafter() if drafter is None else drafter
   spec, (params, drafter, prompt_arr, lens, eos, rng) = _setup(
