@@ -2,7 +2,8 @@
 
 For each dataset and method: one warm-up generation (compiles; excluded), then the same prompts,
 batch 1, the same max_new_tokens for every method, autoregressive decoding measured in the same
-run, the methods interleaved prompt by prompt (a drift in machine speed hits them alike). Reported per (method, dataset): tau (emitted tokens / target calls), tokens/s, speedup vs
+run, the methods interleaved prompt by prompt (a drift in machine speed hits them alike).
+Reported per (method, dataset): tau (emitted tokens / target calls), tokens/s, speedup vs
 autoregressive, target calls, acceptance rate by depth, and per-phase timings (draft and verify
 rounds timed in compiled loops) giving the share of time spent drafting and the ideal speedup
 tau * t_AR_step / (t_draft + t_verify) that a perfect loop would reach in decoding, and the same
