@@ -40,8 +40,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specjax.sampling import SamplingConfig, row_keys, target_probs
-from specjax import sampling, trees
+from specjax import trees
+from specjax.sampling import SamplingConfig, argmax, row_keys, target_probs
 from specjax.trees import Tree
 
 # A residual whose mass sum(max(r - q, 0)) is at most this is rounding noise of r - q (the
@@ -127,7 +127,7 @@ def draw_bonus(residual: jax.Array, keys: jax.Array, greedy: bool) -> jax.Array:
   every id is < V by construction.
   """
   if greedy:
-    return sampling.argmax(residual)
+    return argmax(residual)
   return jax.vmap(jax.random.categorical)(keys, jnp.log(residual)).astype(jnp.int32)
 
 
@@ -187,7 +187,7 @@ def accept_greedy(tree: Tree, logits: jax.Array) -> Acceptance:
   one shot (tests check it against the scan on random trees, duplicates and invalid nodes).
   """
   b, n = tree.tokens.shape
-  want = sampling.argmax(logits)  # [B, N+1] argmax after each block row
+  want = argmax(logits)  # [B, N+1] argmax after each block row
   match = tree.valid & (tree.tokens == jnp.take_along_axis(want, tree.parent + 1, axis=1))
   idx = jnp.arange(n)
   earlier_sibling = ((tree.parent[:, :, None] == tree.parent[:, None, :])
