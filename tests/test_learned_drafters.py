@@ -183,6 +183,56 @@ def test_eagle_tree_matches_the_training_unroll(target, method, rounds):
   assert children[0] == ref2[0]
 
 
+def test_recent_tokens_extend_the_draft_vocabulary(target):
+  """With `recent_tokens`, the history's last R tokens that the draft vocabulary lacks become
+  extra draft ids for the round (each once, its most recent occurrence), scored through the
+  target's LM head exactly as a full-vocabulary EAGLE would score them; slots for tokens already
+  in the vocabulary, repeats, or positions before the text score -inf, and siblings in the tree
+  stay distinct target ids."""
+  full = tt.learned_drafter("eagle", target, depth=3, top_k=4, total_tokens=12)
+  small = np.asarray([i for i in range(target.config.vocab_size)
+                      if i % 2 == 0 and i not in PROMPT], np.int32)  # every PROMPT id is missing
+  r = 16
+  reduced = full.replace(d2t=jnp.asarray(small), head=full.head[:, small], recent_tokens=r)
+  state = _rounds(target, reduced, 2)
+  view = TargetView(target.config, SamplingConfig(), target.params)
+  ctx = DraftContext(state.history, state.hist_len, state.pending, state.cache,
+                     jax.random.key(0))
+  recent = reduced._recent_vocab(view, ctx)
+  n = int(state.hist_len[0])
+  last = np.asarray(state.history[0, n - r:n])
+  ids, live = np.asarray(recent.ids[0]), np.asarray(recent.live[0])
+  np.testing.assert_array_equal(ids, last)
+  want_live = [x not in small and x not in last[j + 1:] for j, x in enumerate(last.tolist())]
+  np.testing.assert_array_equal(live, want_live)
+  assert live.any() and not live.all()
+
+  net = learned.merge(full.module, full.net, full.params)
+  h = jax.random.normal(jax.random.key(1), (1, 3, target.config.hidden_size))
+  want = np.asarray(full._logits(net, h, None))  # [1, 3, V] over every target id
+  got = np.asarray(reduced._logits(net, h, recent))  # [1, 3, Vd + r]
+  tid = np.asarray(reduced._target_ids(jnp.arange(small.size + r)[None, None, :], recent))[0, 0]
+  ok = np.concatenate([np.ones(small.size, bool), live])
+  np.testing.assert_array_equal(tid[:small.size], small)
+  np.testing.assert_array_equal(tid[small.size:], ids)
+  np.testing.assert_allclose(got[..., ok], want[..., tid[ok]], rtol=1e-5, atol=1e-5)
+  assert np.all(got[..., ~ok] == -np.inf)
+
+  tree, _, _ = reduced.draft(view, state.drafter_state, ctx)
+  tokens, parent = np.asarray(tree.tokens[0]), np.asarray(tree.parent[0])
+  assert set(tokens.tolist()) <= set(small.tolist()) | set(ids[live].tolist())
+  for p in set(parent.tolist()):
+    siblings = tokens[parent == p]
+    assert len(set(siblings.tolist())) == siblings.size
+
+
+def test_recent_tokens_need_the_target_head(target):
+  with pytest.raises(ValueError, match="recent_tokens needs a drafter that scores through"):
+    tt.learned_drafter("eagle3", target, depth=2, top_k=2, total_tokens=4, recent_tokens=8)
+  with pytest.raises(ValueError, match="recent_tokens must be >= 0"):
+    tt.learned_drafter("eagle", target, depth=2, top_k=2, total_tokens=4, recent_tokens=-1)
+
+
 # ------------------------------------------------------------------------------------------------
 # 3. Drafter folders
 

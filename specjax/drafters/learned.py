@@ -71,6 +71,15 @@ def restricted_head(cfg: ModelConfig, params: nnx.State, d2t: jax.Array) -> jax.
   return jnp.take(target_unembedding(cfg, params), jnp.asarray(d2t), axis=1)
 
 
+def head_columns(cfg: ModelConfig, params: nnx.State, tokens: jax.Array) -> jax.Array:
+  """[..., E] the target's LM head columns of target ids `tokens` (any shape); gathers V-sized
+  tables per call, so it is for a few ids per round, not for the whole draft vocabulary."""
+  if cfg.tie_word_embeddings:
+    return embed(cfg, params, tokens)
+  kernel = nnx.merge(decoder.graphdef(cfg), params).lm_head.kernel[...]  # [E, V]
+  return jnp.moveaxis(jnp.take(kernel, tokens, axis=1), 0, -1)
+
+
 def embed(cfg: ModelConfig, params: nnx.State, tokens: jax.Array) -> jax.Array:
   """[..., E] target embeddings of target token ids."""
   return jnp.take(target_embedding(cfg, params), tokens, axis=0)
