@@ -25,6 +25,17 @@ DYNAMIC = [dict(depth=d, top_k=k, total_tokens=n) for d, k, n in
            [(4, 1, 4), (5, 1, 5), (6, 1, 6), (7, 1, 7), (4, 2, 6), (5, 2, 8), (6, 2, 10),
             (5, 3, 10), (7, 3, 16)]]
 STATIC = [dict(choices=name) for name in TREES]
+# EAGLE drafts through the target's LM head, so the history's recent tokens can join its draft
+# vocabulary at almost no cost (`recent_tokens`): 16, 64 and 256 gave the same tau.
+RECENT_TOKENS = 64
+
+
+def default_candidates(method: str) -> list[dict]:
+  if method in ("medusa", "hydra"):
+    return STATIC
+  if method == "eagle":
+    return [dict(c, recent_tokens=RECENT_TOKENS) for c in DYNAMIC]
+  return DYNAMIC
 
 
 def main(argv=None):
@@ -38,10 +49,8 @@ def main(argv=None):
                       help="write the fastest options into the drafter folder as its default")
   parser.add_argument("--path", default=None, help="drafter folder (default: the shipped one)")
   args = parser.parse_args(argv)
-  if args.candidates:
-    candidates = json.loads(args.candidates)
-  else:
-    candidates = STATIC if args.method in ("medusa", "hydra") else DYNAMIC
+  candidates = json.loads(args.candidates) if args.candidates else default_candidates(
+      args.method)
   if args.path:
     candidates = [dict(c, path=args.path) for c in candidates]
   cfg = BenchmarkConfig(datasets=("stdlib_heldout",), num_prompts=args.num_prompts,

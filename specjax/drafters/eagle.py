@@ -49,8 +49,13 @@ class EagleNet(nnx.Module):
     x = self.fc(jnp.concatenate([emb, h], axis=-1))
     return x, x
 
+  def head_input(self, h: jax.Array) -> jax.Array:
+    """What the draft head reads: h itself (trained to be the target's final state)."""
+    return h
+
   def logits(self, h: jax.Array, head: jax.Array) -> jax.Array:
-    return jnp.einsum("...E,EV->...V", h, head, preferred_element_type=jnp.float32)
+    return jnp.einsum("...E,EV->...V", self.head_input(h), head,
+                      preferred_element_type=jnp.float32)
 
 
 def hidden_layers(target_cfg: ModelConfig) -> tuple[int, ...]:

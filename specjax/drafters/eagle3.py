@@ -57,8 +57,12 @@ class Eagle3Net(nnx.Module):
   def inputs(self, h: jax.Array, emb: jax.Array):
     return jnp.concatenate([self.input_layernorm(emb), self.hidden_norm(h)], axis=-1), h
 
+  def head_input(self, h: jax.Array) -> jax.Array:
+    """What the draft head reads: h after the drafter's final norm (the target's, at init)."""
+    return self.norm(h)
+
   def logits(self, h: jax.Array, head=None) -> jax.Array:
-    return self.lm_head(self.norm(h)).astype(jnp.float32)
+    return self.lm_head(self.head_input(h)).astype(jnp.float32)
 
 
 def hidden_layers(target_cfg: ModelConfig) -> tuple[int, ...]:

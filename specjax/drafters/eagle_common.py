@@ -9,6 +9,7 @@ network module supplies four pieces (see `eagle.py`, `eagle3.py`):
   inputs(h, emb) -> (attn_in, resid)  the layer's attention input and residual stream
   layer: DraftLayer                   q/k/v/o projections over attn_in, SwiGLU MLP
   logits(h_out, head) -> [.., Vd]     the draft head (the target's restricted head / its own)
+  head_input(h_out) -> [.., E]        what that head reads (h / h after the drafter's norm)
 
 Inference (`EagleDrafter`, one jitted round). The drafter keeps its own one-layer KV cache whose
 committed length c is hist_len - 2 at the start of a round: slots < c hold pairs whose feature is
@@ -211,8 +212,12 @@ class EagleDrafter(learned.LearnedDrafter):
     A reduced vocabulary built from corpus counts misses the identifiers of a prompt, and a
     small model that loops on such a token would otherwise never be drafted (one HumanEval
     prompt of the embedded target repeats a token outside the shipped EAGLE's 2048 ids for
-    all 128 generated tokens). Those ids are scored through the target's own LM head columns,
-    which is what EAGLE's head is, so the drafter needs no retraining.
+    all 128 generated tokens). Those ids are scored by the target's own LM head columns on
+    `net.head_input(h)`, which needs no retraining: for EAGLE, whose head is the target's,
+    exactly the logits a full-vocabulary head would give; for EAGLE-3, whose head is its own
+    (initialised from the target's), the target's columns after the drafter's final norm.
+    The tree and the output do not depend on the scores' calibration for losslessness, only
+    for speed.
     """
     if not self.recent_tokens:
       return None
@@ -231,7 +236,8 @@ class EagleDrafter(learned.LearnedDrafter):
     logits = net.logits(h, self.head)
     if recent is None:
       return logits
-    extra = jnp.einsum("B...E,BKE->B...K", h, recent.cols, preferred_element_type=jnp.float32)
+    extra = jnp.einsum("B...E,BKE->B...K", net.head_input(h), recent.cols,
+                       preferred_element_type=jnp.float32)
     live = recent.live.reshape(recent.live.shape[:1] + (1,) * (h.ndim - 2) + recent.live.shape[1:])
     return jnp.concatenate([logits, jnp.where(live, extra, -jnp.inf)], axis=-1)
 
@@ -304,8 +310,8 @@ def check_tree_options(depth: int, top_k: int, total_tokens: int, vocab: int) ->
 
 def assembler(module, *, uses_target_head: bool):
   """`Family.assemble` for EAGLE-style drafters: tree options `depth`, `top_k`, `total_tokens`,
-  and `recent_tokens` (`EagleDrafter._recent_vocab`; families that draft through the target's LM
-  head only), which uses that head restricted to the draft vocabulary."""
+  and `recent_tokens` (`EagleDrafter._recent_vocab`); families that draft through the target's
+  LM head get it restricted to the draft vocabulary."""
 
   def assemble(net, params, d2t, target, hidden_layers, *, depth: int = 6, top_k: int = 4,
                total_tokens: int = 16, recent_tokens: int = 0) -> EagleDrafter:
@@ -313,9 +319,6 @@ def assembler(module, *, uses_target_head: bool):
     check_tree_options(depth, top_k, total_tokens, d2t.shape[0])
     if recent_tokens < 0:
       raise ValueError(f"recent_tokens must be >= 0, got {recent_tokens}")
-    if recent_tokens and not uses_target_head:
-      raise ValueError("recent_tokens needs a drafter that scores through the target's LM head "
-                       "(EAGLE); this one has its own head over its draft vocabulary only")
     head = learned.restricted_head(target.config, target.params, d2t).astype(
         net.dtype) if uses_target_head else None
     return EagleDrafter(params, d2t, head, module, net, depth, top_k, total_tokens,
