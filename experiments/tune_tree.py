@@ -25,15 +25,14 @@ DYNAMIC = [dict(depth=d, top_k=k, total_tokens=n) for d, k, n in
            [(4, 1, 4), (5, 1, 5), (6, 1, 6), (7, 1, 7), (4, 2, 6), (5, 2, 8), (6, 2, 10),
             (5, 3, 10), (7, 3, 16)]]
 STATIC = [dict(choices=name) for name in TREES]
-# The history's recent tokens join the EAGLE families' draft vocabulary each round at almost no
-# cost (`recent_tokens`); for the shipped EAGLE, 16, 64 and 256 gave the same tau.
+# The history's recent tokens join the draft vocabulary each round at almost no cost
+# (`recent_tokens`); for the shipped EAGLE, 16, 64 and 256 gave the same tau.
 RECENT_TOKENS = 64
 
 
 def default_candidates(method: str) -> list[dict]:
-  if method in ("medusa", "hydra"):
-    return STATIC
-  return [dict(c, recent_tokens=RECENT_TOKENS) for c in DYNAMIC]
+  grid = STATIC if method in ("medusa", "hydra") else DYNAMIC
+  return [dict(c, recent_tokens=RECENT_TOKENS) for c in grid]
 
 
 def main(argv=None):

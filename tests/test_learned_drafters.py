@@ -199,7 +199,7 @@ def test_recent_tokens_extend_the_draft_vocabulary(target, method):
   view = TargetView(target.config, SamplingConfig(), target.params)
   ctx = DraftContext(state.history, state.hist_len, state.pending, state.cache,
                      jax.random.key(0))
-  recent = reduced._recent_vocab(view, ctx)
+  recent = reduced.recent_vocab(view, ctx)
   n = int(state.hist_len[0])
   pos = n - r + np.arange(r)  # may start before the text after few rounds
   last = np.asarray(state.history[0])[np.maximum(pos, 0)]
@@ -213,7 +213,7 @@ def test_recent_tokens_extend_the_draft_vocabulary(target, method):
   net = learned.merge(reduced.module, reduced.net, reduced.params)
   h = jax.random.normal(jax.random.key(1), (1, 3, target.config.hidden_size))
   got = np.asarray(reduced._logits(net, h, recent))  # [1, 3, Vd + r]
-  tid = np.asarray(reduced._target_ids(jnp.arange(small.size + r)[None, None, :], recent))[0, 0]
+  tid = np.asarray(reduced.to_target_ids(jnp.arange(small.size + r)[None, None, :], recent))[0, 0]
   np.testing.assert_array_equal(tid[:small.size], small)
   np.testing.assert_array_equal(tid[small.size:], ids)
   np.testing.assert_allclose(got[..., :small.size], np.asarray(net.logits(h, reduced.head)),
@@ -238,9 +238,42 @@ def test_recent_tokens_extend_the_draft_vocabulary(target, method):
     assert len(set(siblings.tolist())) == siblings.size
 
 
-def test_recent_tokens_must_not_be_negative(target):
+@pytest.mark.parametrize("method", ["medusa", "hydra"])
+def test_static_trees_rank_recent_tokens_with_the_draft_vocabulary(target, method):
+  """Medusa and Hydra with `recent_tokens`: every node holds the token its head ranks at the
+  node's rank over the draft vocabulary plus the round's live extra ids (scored by the target's
+  head columns, the head they share), so extra ids are proposed where they rank."""
+  small = np.asarray([i for i in range(target.config.vocab_size)
+                      if i % 2 == 0 and i not in PROMPT], np.int32)
+  r = 16
+  drafter = tt.learned_drafter(method, target, d2t=small, recent_tokens=r)
+  state = _rounds(target, drafter, 2)
+  view = TargetView(target.config, SamplingConfig(), target.params)
+  ctx = DraftContext(state.history, state.hist_len, state.pending, state.cache,
+                     jax.random.key(0))
+  tree, _, _ = drafter.draft(view, state.drafter_state, ctx)
+  recent = drafter.recent_vocab(view, ctx)
+  ids, live = np.asarray(recent.ids[0]), np.asarray(recent.live[0])
+  tokens = np.asarray(tree.tokens[0])
+  unembedding = np.asarray(learned.target_unembedding(target.config, target.params))
+  allowed = np.concatenate([small, ids[live]])
+  if method == "medusa":
+    heads = learned.merge(medusa.MedusaHeads, drafter.net, drafter.params)
+    h = np.asarray(heads(state.drafter_state.feature))[0]  # [K, E]
+    logits = h @ unembedding[:, allowed]  # [K, allowed]
+    for i, path in enumerate(drafter.template.paths):
+      d, rank = len(path), path[-1]
+      assert int(tokens[i]) == int(allowed[np.argsort(-logits[d - 1], kind="stable")[rank]])
+  assert set(tokens.tolist()) <= set(allowed.tolist())
+  parent = np.asarray(tree.parent[0])
+  for p in set(parent.tolist()):
+    assert len(set(tokens[parent == p].tolist())) == int((parent == p).sum())
+
+
+@pytest.mark.parametrize("method", LEARNED)
+def test_recent_tokens_must_not_be_negative(target, method):
   with pytest.raises(ValueError, match="recent_tokens must be >= 0"):
-    tt.learned_drafter("eagle", target, depth=2, top_k=2, total_tokens=4, recent_tokens=-1)
+    tt.learned_drafter(method, target, recent_tokens=-1)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -88,8 +88,12 @@ _GREEDY_DRAFTERS = {
     # here (tests/test_learned_drafters.py runs the trained ones on the embedded target).
     "medusa": ("medusa", lambda t: tt.learned_drafter("medusa", t)),
     "hydra": ("hydra", lambda t: tt.learned_drafter("hydra", t)),
-    "eagle": ("eagle", lambda t: tt.learned_drafter("eagle", t)),
     # A quarter of the vocabulary, plus the history's recent tokens as extra draft ids.
+    "medusa_recent": ("medusa", lambda t: tt.learned_drafter(
+        "medusa", t, d2t=np.arange(0, t.config.vocab_size, 4), recent_tokens=12)),
+    "hydra_recent": ("hydra", lambda t: tt.learned_drafter(
+        "hydra", t, d2t=np.arange(0, t.config.vocab_size, 4), recent_tokens=12)),
+    "eagle": ("eagle", lambda t: tt.learned_drafter("eagle", t)),
     "eagle_recent": ("eagle", lambda t: tt.learned_drafter(
         "eagle", t, d2t=np.arange(0, t.config.vocab_size, 4), recent_tokens=12)),
     "eagle3_wide": ("eagle3", lambda t: tt.learned_drafter("eagle3", t, depth=4, top_k=6,
@@ -218,7 +222,7 @@ def test_identical_drafter_accepts_everything(target, greedy_drafters, batch):
 # 2. Sampling: chi-square against the exact law of the first three tokens.
 
 N_ROWS = 24576  # sampled rows per test, in one batched call
-ALPHA = 1e-6  # per test; 24 tests here: family-wise false alarm <= 2.4e-5 (Bonferroni)
+ALPHA = 1e-6  # per test; 26 tests here: family-wise false alarm <= 2.6e-5 (Bonferroni)
 SAMPLING_PROMPT = [3, 1, 4, 1, 5, 1, 4, 2, 6, 5, 3, 1]  # repeats: prompt lookup proposes at once
 SAMPLING_PAD = 16
 SAMPLINGS = {"T1": SamplingConfig(1.0), "T0.7_p0.9": SamplingConfig(0.7, top_p=0.9)}
@@ -239,6 +243,7 @@ _SAMPLING_DRAFTERS = {
     "prompt_lookup": lambda t: drafters.build("prompt_lookup", t, num_tokens=3, num_branches=3),
     "medusa": lambda t: tt.learned_drafter("medusa", t),
     "hydra": lambda t: tt.learned_drafter("hydra", t),
+    "hydra_recent": lambda t: tt.learned_drafter("hydra", t, d2t=np.arange(4), recent_tokens=6),
     "eagle": lambda t: tt.learned_drafter("eagle", t, depth=3, top_k=3, total_tokens=8),
     "eagle_recent": lambda t: tt.learned_drafter("eagle", t, d2t=np.arange(3), depth=3, top_k=3,
                                                  total_tokens=8, recent_tokens=6),
@@ -313,8 +318,8 @@ def test_sampling_matches_exact_law(sampling_target, sampling_drafters, name, sa
   """24576 copies of one prompt, generated in ONE batched call with 3 new tokens (each row has its
   own rng stream: independent draws): the joint counts of (x1, x2, x3) follow the exact law of
   the target (`_exact_law`), by a Pearson chi-square test with cells of expected count < 5 pooled,
-  rejected at ALPHA = 1e-6 (Bonferroni: the 24 such tests here have a family-wise false-alarm
-  probability <= 2.4e-5). The test asserts its own power: >= 0.99 against a bias of
+  rejected at ALPHA = 1e-6 (Bonferroni: the 26 such tests here have a family-wise false-alarm
+  probability <= 2.6e-5). The test asserts its own power: >= 0.99 against a bias of
   D = sum (r - p)^2 / p = 0.01 over the pooled cells (N = 24576 gives > 0.9999 here).
 
   x1 comes from the prefill, x2 and x3 from the first round(s): accepted drafts or the bonus
@@ -322,8 +327,8 @@ def test_sampling_matches_exact_law(sampling_target, sampling_drafters, name, sa
   (layer_skip and a random draft LM sampled with q; the target as its own draft LM, where every
   draft must be accepted), the recursive tree rule (Token Recycling's 14-node tree, prompt
   lookup's 3 branches, the top-k trees of random Medusa, Hydra, EAGLE and EAGLE-3 drafters, and
-  EAGLE and EAGLE-3 over 3 ids plus the history's recent tokens), and drafter=None, which
-  separates sampler bugs from speculation bugs.
+  of Hydra, EAGLE and EAGLE-3 over 3-4 ids plus the history's recent tokens), and drafter=None,
+  which separates sampler bugs from speculation bugs.
   Zero-probability outcomes (outside top-p) must never occur."""
   cfg = SAMPLINGS[sampling]
   drafter = sampling_drafters[name]

@@ -142,15 +142,6 @@ class EagleState:
 
 
 @struct.dataclass
-class RecentVocab:
-  """A round's extra draft ids (`EagleDrafter._recent_vocab`): draft id Vd + j is `ids[:, j]`."""
-
-  ids: jax.Array  # int32[B, R] target ids
-  cols: jax.Array  # [B, R, E] their target LM head columns
-  live: jax.Array  # bool[B, R] false: already in the draft vocabulary, a repeat, or before the text
-
-
-@struct.dataclass
 class EagleDrafter(learned.LearnedDrafter):
   """EAGLE-2 dynamic-tree drafting with a family's network (`module`, `net` config)."""
 
@@ -161,7 +152,6 @@ class EagleDrafter(learned.LearnedDrafter):
   total_tokens: int = struct.field(pytree_node=False, default=16)
   hidden_layers: tuple[int, ...] = struct.field(pytree_node=False, default=())
   sampled: bool = struct.field(pytree_node=False, default=False)  # top-k children: one-hot q
-  recent_tokens: int = struct.field(pytree_node=False, default=0)  # see `_recent_vocab`
 
   @property
   def num_nodes(self) -> int:
@@ -205,51 +195,9 @@ class EagleDrafter(learned.LearnedDrafter):
   def head_dtype(self):
     return jax.tree.leaves(self.params)[0].dtype
 
-  def _recent_vocab(self, target: TargetView, ctx: DraftContext) -> RecentVocab | None:
-    """The round's extra draft ids: the last `recent_tokens` tokens of each row's history that
-    the draft vocabulary lacks (each once).
-
-    A reduced vocabulary built from corpus counts misses the identifiers of a prompt, and a
-    small model that loops on such a token would otherwise never be drafted (one HumanEval
-    prompt of the embedded target repeats a token outside the shipped EAGLE's 2048 ids for
-    all 128 generated tokens). Those ids are scored by the target's own LM head columns on
-    `net.head_input(h)`, which needs no retraining: for EAGLE, whose head is the target's,
-    exactly the logits a full-vocabulary head would give; for EAGLE-3, whose head is its own
-    (initialised from the target's), the target's columns after the drafter's final norm.
-    The tree and the output do not depend on the scores' calibration for losslessness, only
-    for speed.
-    """
-    if not self.recent_tokens:
-      return None
-    n = self.recent_tokens
-    idx = ctx.hist_len[:, None] - n + jnp.arange(n)[None, :]  # [B, n], oldest first
-    ids = jnp.take_along_axis(ctx.history, jnp.clip(idx, 0, ctx.history.shape[1] - 1), 1)
-    in_vocab = jnp.zeros((target.config.vocab_size,), bool).at[self.d2t].set(True)
-    later_copy = jnp.any((ids[:, :, None] == ids[:, None, :]) & jnp.triu(
-        jnp.ones((n, n), bool), 1)[None], axis=-1)  # the most recent occurrence stands
-    live = (idx >= 0) & ~in_vocab[ids] & ~later_copy
-    cols = learned.head_columns(target.config, target.params, ids).astype(self.head_dtype)
-    return RecentVocab(ids, cols, live)
-
-  def _logits(self, net, h: jax.Array, recent: RecentVocab | None) -> jax.Array:
+  def _logits(self, net, h: jax.Array, recent: learned.RecentVocab | None) -> jax.Array:
     """[B, ..., Vd (+ recent_tokens)] draft logits of h: [B, ..., E]."""
-    logits = net.logits(h, self.head)
-    if recent is None:
-      return logits
-    extra = jnp.einsum("B...E,BKE->B...K", net.head_input(h), recent.cols,
-                       preferred_element_type=jnp.float32)
-    live = recent.live.reshape(recent.live.shape[:1] + (1,) * (h.ndim - 2) + recent.live.shape[1:])
-    return jnp.concatenate([logits, jnp.where(live, extra, -jnp.inf)], axis=-1)
-
-  def _target_ids(self, draft_ids: jax.Array, recent: RecentVocab | None) -> jax.Array:
-    """int32[B, ...] target ids of draft ids, the round's extra ids after the draft vocabulary."""
-    if recent is None:
-      return self.to_target_ids(draft_ids)
-    vd = self.d2t.shape[0]
-    fixed = self.to_target_ids(jnp.minimum(draft_ids, vd - 1))
-    flat = draft_ids.reshape(draft_ids.shape[0], -1)
-    extra = jnp.take_along_axis(recent.ids, jnp.clip(flat - vd, 0, self.recent_tokens - 1), 1)
-    return jnp.where(draft_ids < vd, fixed, extra.reshape(draft_ids.shape))
+    return learned.with_recent(net.logits(h, self.head), net.head_input(h), recent)
 
   def draft(self, target: TargetView, state: EagleState, ctx: DraftContext):
     net = self._net()
@@ -265,7 +213,7 @@ class EagleDrafter(learned.LearnedDrafter):
     out, cache = self._feed(net, net.features(state.feats), emb, idx, state.cache, c, mask)
     h_root = learned.take_rows(out, state.n_new - 1)  # [B, E]
     c = c + state.n_new  # = hist_len - 1: the pairs up to pending are committed
-    recent = self._recent_vocab(target, ctx)
+    recent = self.recent_vocab(target, ctx)
     root_logp = learned.draft_logprobs(self._logits(net, h_root, recent))
     k, tree_slots = self.top_k, self._tree_slots
 
@@ -275,7 +223,7 @@ class EagleDrafter(learned.LearnedDrafter):
       own = (level - 1) * k + jnp.arange(k)
       anc = jnp.take_along_axis(anc, parent[:, :, None], axis=1) | (
           jnp.arange(tree_slots)[None, None, :] == own[None, :, None])
-      emb = learned.embed(cfg, target.params, self._target_ids(tokens, recent)).astype(h.dtype)
+      emb = learned.embed(cfg, target.params, self.to_target_ids(tokens, recent)).astype(h.dtype)
       positions = jnp.broadcast_to((c + level - 1)[:, None], (b, k))
       out, cache = self._feed(net, h, emb, positions, cache, c + (level - 1) * k,
                               attention.full_mask(c, anc, slots))
@@ -284,7 +232,7 @@ class EagleDrafter(learned.LearnedDrafter):
     carry = (cache, h_root[:, None], jnp.zeros((b, 1, tree_slots), bool))
     grown, (cache, _, _) = trees.grow_dynamic_tree(
         root_logp, expand, carry, depth=self.depth, top_k=k, num_nodes=self.total_tokens)
-    tree = grown.tree.replace(tokens=self._target_ids(grown.tree.tokens, recent))
+    tree = grown.tree.replace(tokens=self.to_target_ids(grown.tree.tokens, recent))
     return tree, EagleState(cache.replace(length=c), state.feats, state.n_new), ctx.cache
 
   def update(self, target: TargetView, state: EagleState, result: RoundResult) -> EagleState:
@@ -310,18 +258,18 @@ def check_tree_options(depth: int, top_k: int, total_tokens: int, vocab: int) ->
 
 def assembler(module, *, uses_target_head: bool):
   """`Family.assemble` for EAGLE-style drafters: tree options `depth`, `top_k`, `total_tokens`,
-  and `recent_tokens` (`EagleDrafter._recent_vocab`); families that draft through the target's
+  and `recent_tokens` (`LearnedDrafter.recent_vocab`); families that draft through the target's
   LM head get it restricted to the draft vocabulary."""
 
   def assemble(net, params, d2t, target, hidden_layers, *, depth: int = 6, top_k: int = 4,
                total_tokens: int = 16, recent_tokens: int = 0) -> EagleDrafter:
     depth, top_k, total_tokens = int(depth), int(top_k), int(total_tokens)
     check_tree_options(depth, top_k, total_tokens, d2t.shape[0])
-    if recent_tokens < 0:
-      raise ValueError(f"recent_tokens must be >= 0, got {recent_tokens}")
     head = learned.restricted_head(target.config, target.params, d2t).astype(
         net.dtype) if uses_target_head else None
-    return EagleDrafter(params, d2t, head, module, net, depth, top_k, total_tokens,
-                        hidden_layers, recent_tokens=int(recent_tokens))
+    return EagleDrafter(params=params, d2t=d2t, head=head,
+                        recent_tokens=learned.check_recent_tokens(recent_tokens), module=module,
+                        net=net, depth=depth, top_k=top_k, total_tokens=total_tokens,
+                        hidden_layers=hidden_layers)
 
   return assemble

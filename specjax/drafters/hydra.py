@@ -87,6 +87,7 @@ class Hydra(StaticTreeDrafter):
     f = state.feature.astype(self.head.dtype)
     pending_emb = learned.embed(target.config, target.params, ctx.pending)  # [B, E]
     tokens = jnp.zeros((b, self.num_nodes), jnp.int32)  # target ids, filled level by level
+    recent = self.recent_vocab(target, ctx)
     for d, (nodes, parents, slot) in enumerate(_levels(self.template), start=1):
       # The conditioning tokens of each parent: pending, then the parent's path in the tree.
       embs = [jnp.broadcast_to(pending_emb[:, None], (b, len(parents), f.shape[-1]))]
@@ -95,11 +96,12 @@ class Hydra(StaticTreeDrafter):
         embs.append(learned.embed(target.config, target.params, tokens[:, paths]))
       embs = jnp.concatenate([embs[0][:, :, None], *embs[1:]], axis=2)  # [B, P, d, E]
       h = heads[d - 1](jnp.broadcast_to(f[:, None], embs.shape[:2] + f.shape[-1:]), embs)
-      logits = jnp.einsum("BPE,EV->BPV", h, self.head, preferred_element_type=jnp.float32)
+      logits = learned.with_recent(
+          jnp.einsum("BPE,EV->BPV", h, self.head, preferred_element_type=jnp.float32), h, recent)
       k = int(self.template.rank[nodes].max()) + 1
       _, ranked = jax.lax.top_k(logits, k)  # [B, P, k]
       picked = ranked[:, slot, self.template.rank[nodes]]  # [B, nodes]
-      tokens = tokens.at[:, nodes].set(self.to_target_ids(picked))
+      tokens = tokens.at[:, nodes].set(self.to_target_ids(picked, recent))
     return self.template.tree(tokens), state, ctx.cache
 
 

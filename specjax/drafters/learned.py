@@ -121,20 +121,83 @@ def merge(module_cls, net_cfg, params: nnx.State):
 
 
 @struct.dataclass
+class RecentVocab:
+  """A round's extra draft ids (`LearnedDrafter.recent_vocab`): draft id Vd + j is `ids[:, j]`."""
+
+  ids: jax.Array  # int32[B, R] target ids
+  cols: jax.Array  # [B, R, E] their target LM head columns
+  live: jax.Array  # bool[B, R] false: already in the draft vocabulary, a repeat, or before the text
+
+
+def check_recent_tokens(recent_tokens: int) -> int:
+  if int(recent_tokens) < 0:
+    raise ValueError(f"recent_tokens must be >= 0, got {recent_tokens}")
+  return int(recent_tokens)
+
+
+@struct.dataclass
 class LearnedDrafter:
   """Fields every learned drafter has; the family's pytree subclasses it.
 
   params: the trained network (an nnx.State); d2t: int32[Vd] target id of each draft id;
   head: [E, Vd] the frozen target LM head restricted to d2t (families with their own head keep
-  it in params and leave this None).
+  it in params and leave this None); recent_tokens: how many of the history's last tokens join
+  the draft vocabulary each round (`recent_vocab`; 0: none).
   """
 
   params: nnx.State
   d2t: jax.Array
   head: jax.Array | None
+  recent_tokens: int = struct.field(pytree_node=False, default=0)
 
-  def to_target_ids(self, draft_ids: jax.Array) -> jax.Array:
-    return jnp.take(self.d2t, draft_ids, axis=0)
+  def recent_vocab(self, target, ctx) -> RecentVocab | None:
+    """The round's extra draft ids: the last `recent_tokens` tokens of each row's history
+    (`ctx`, a DraftContext) that the draft vocabulary lacks, each once (its most recent copy).
+
+    A reduced vocabulary built from corpus counts misses the identifiers of a prompt, and a
+    small model that loops on such a token would otherwise never be drafted (one HumanEval
+    prompt of the embedded target repeats a token outside the shipped EAGLE's 2048 ids for
+    all 128 generated tokens). The extra ids are scored by the target's own LM head columns
+    (`with_recent`), which needs no retraining: where the drafter's head is the target's
+    (Medusa, Hydra, EAGLE), exactly the logits a full-vocabulary head would give; EAGLE-3,
+    whose head is its own (initialised from the target's), scores them with the target's
+    columns after its final norm. Losslessness does not depend on those scores, only speed.
+    """
+    if not self.recent_tokens:
+      return None
+    n = self.recent_tokens
+    idx = ctx.hist_len[:, None] - n + jnp.arange(n)[None, :]  # [B, n], oldest first
+    ids = jnp.take_along_axis(ctx.history, jnp.clip(idx, 0, ctx.history.shape[1] - 1), 1)
+    in_vocab = jnp.zeros((target.config.vocab_size,), bool).at[self.d2t].set(True)
+    later_copy = jnp.any((ids[:, :, None] == ids[:, None, :]) & jnp.triu(
+        jnp.ones((n, n), bool), 1)[None], axis=-1)
+    live = (idx >= 0) & ~in_vocab[ids] & ~later_copy
+    cols = head_columns(target.config, target.params, ids).astype(jax.tree.leaves(
+        self.params)[0].dtype)
+    return RecentVocab(ids, cols, live)
+
+  def to_target_ids(self, draft_ids: jax.Array, recent: RecentVocab | None = None) -> jax.Array:
+    """int32[B, ...] target ids of draft ids; with `recent`, ids >= Vd are the round's extras."""
+    if recent is None:
+      return jnp.take(self.d2t, draft_ids, axis=0)
+    vd = self.d2t.shape[0]
+    fixed = jnp.take(self.d2t, jnp.minimum(draft_ids, vd - 1), axis=0)
+    flat = draft_ids.reshape(draft_ids.shape[0], -1)
+    extra = jnp.take_along_axis(recent.ids, jnp.clip(flat - vd, 0, recent.ids.shape[1] - 1), 1)
+    return jnp.where(draft_ids < vd, fixed, extra.reshape(draft_ids.shape))
+
+
+def with_recent(logits: jax.Array, head_input: jax.Array, recent: RecentVocab | None
+                ) -> jax.Array:
+  """[B, ..., Vd (+ R)]: draft logits followed by the round's extra ids scored by the target's
+  head columns on `head_input` [B, ..., E] (what the draft head reads); -inf where not live."""
+  if recent is None:
+    return logits
+  extra = jnp.einsum("B...E,BRE->B...R", head_input, recent.cols,
+                     preferred_element_type=jnp.float32)
+  live = recent.live.reshape(recent.live.shape[:1] + (1,) * (head_input.ndim - 2)
+                             + recent.live.shape[1:])
+  return jnp.concatenate([logits, jnp.where(live, extra, -jnp.inf)], axis=-1)
 
 
 def draft_logprobs(logits: jax.Array) -> jax.Array:

@@ -114,11 +114,13 @@ class Medusa(StaticTreeDrafter):
   def draft(self, target: TargetView, state: HeadState, ctx: DraftContext):
     heads = learned.merge(MedusaHeads, self.net, self.params)
     h = heads(state.feature.astype(self.head.dtype))  # [B, K, E]
-    logits = jnp.einsum("BKE,EV->BKV", h, self.head, preferred_element_type=jnp.float32)
+    recent = self.recent_vocab(target, ctx)
+    logits = learned.with_recent(
+        jnp.einsum("BKE,EV->BKV", h, self.head, preferred_element_type=jnp.float32), h, recent)
     k = int(self.template.rank.max()) + 1
     _, ranked = jax.lax.top_k(logits, k)  # [B, K, k] draft ids, best first
     picked = ranked[:, self.template.depth - 1, self.template.rank]  # [B, N]
-    return self.template.tree(self.to_target_ids(picked)), state, ctx.cache
+    return self.template.tree(self.to_target_ids(picked, recent)), state, ctx.cache
 
 
 def depth_logits(net: MedusaConfig, params, head, feats, tokens, emb_table, num_steps: int):
@@ -142,13 +144,15 @@ def parse_choices(choices):
 
 def assemble_static(drafter_cls):
   """`Family.assemble` for static-tree drafters: the template from `choices`, the target's LM
-  head restricted to the draft vocabulary."""
+  head restricted to the draft vocabulary, `recent_tokens` (`LearnedDrafter.recent_vocab`)."""
 
-  def assemble(net, params, d2t, target, hidden_layers, *, choices=None):
+  def assemble(net, params, d2t, target, hidden_layers, *, choices=None, recent_tokens=0):
     template = trees.TreeTemplate.from_paths(parse_choices(choices) or DEFAULT_CHOICES)
     check_template(template, net.num_heads, d2t.shape[0])
     head = learned.restricted_head(target.config, target.params, d2t).astype(net.dtype)
-    return drafter_cls(params, d2t, head, net, template, hidden_layers)
+    return drafter_cls(params=params, d2t=d2t, head=head,
+                       recent_tokens=learned.check_recent_tokens(recent_tokens), net=net,
+                       template=template, hidden_layers=hidden_layers)
 
   return assemble
 
