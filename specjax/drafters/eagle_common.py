@@ -191,10 +191,6 @@ class EagleDrafter(learned.LearnedDrafter):
     return EagleState(cache.replace(length=n_fed), jnp.concatenate([pending, pad], axis=1),
                       jnp.ones((b,), jnp.int32))
 
-  @property
-  def head_dtype(self):
-    return jax.tree.leaves(self.params)[0].dtype
-
   def _logits(self, net, h: jax.Array, recent: learned.RecentVocab | None) -> jax.Array:
     """[B, ..., Vd (+ recent_tokens)] draft logits of h: [B, ..., E]."""
     return learned.with_recent(net.logits(h, self.head), net.head_input(h), recent)

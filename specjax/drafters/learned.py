@@ -72,8 +72,8 @@ def restricted_head(cfg: ModelConfig, params: nnx.State, d2t: jax.Array) -> jax.
 
 
 def head_columns(cfg: ModelConfig, params: nnx.State, tokens: jax.Array) -> jax.Array:
-  """[..., E] the target's LM head columns of target ids `tokens` (any shape); gathers V-sized
-  tables per call, so it is for a few ids per round, not for the whole draft vocabulary."""
+  """[..., E] the target's LM head columns of target ids `tokens` (any shape), gathered per call:
+  for a few ids per round (the draft vocabulary's columns are gathered once, `restricted_head`)."""
   if cfg.tie_word_embeddings:
     return embed(cfg, params, tokens)
   kernel = nnx.merge(decoder.graphdef(cfg), params).lm_head.kernel[...]  # [E, V]
@@ -150,6 +150,11 @@ class LearnedDrafter:
   head: jax.Array | None
   recent_tokens: int = struct.field(pytree_node=False, default=0)
 
+  @property
+  def head_dtype(self):
+    """The drafter's compute dtype: its params'."""
+    return jax.tree.leaves(self.params)[0].dtype
+
   def recent_vocab(self, target, ctx) -> RecentVocab | None:
     """The round's extra draft ids: the last `recent_tokens` tokens of each row's history
     (`ctx`, a DraftContext) that the draft vocabulary lacks, each once (its most recent copy).
@@ -172,8 +177,7 @@ class LearnedDrafter:
     later_copy = jnp.any((ids[:, :, None] == ids[:, None, :]) & jnp.triu(
         jnp.ones((n, n), bool), 1)[None], axis=-1)
     live = (idx >= 0) & ~in_vocab[ids] & ~later_copy
-    cols = head_columns(target.config, target.params, ids).astype(jax.tree.leaves(
-        self.params)[0].dtype)
+    cols = head_columns(target.config, target.params, ids).astype(self.head_dtype)
     return RecentVocab(ids, cols, live)
 
   def to_target_ids(self, draft_ids: jax.Array, recent: RecentVocab | None = None) -> jax.Array:
