@@ -1,7 +1,8 @@
 """EAGLE-3 (Li et al. 2025): fused low / middle / high target features, training-time test.
 
-The hidden states of three target layers (`target_layer_ids`, stored with the checkpoint) are
-concatenated and fused by `fc` (3E -> E, no bias) into h. One decoder layer reads
+The hidden states of the target layers it taps (three by default, `hidden_layers`; training's
+`target_layers` picks others; stored with the checkpoint) are concatenated and fused by `fc`
+(nE -> E, no bias) into h. One decoder layer reads
 [input_layernorm(e(x_{i+1})), hidden_norm(h)] (2E wide q/k/v projections) with h as the residual
 stream; its output is both the next step's h and, through its own norm and LM head over the draft
 vocabulary, the draft distribution. There is no feature regression: the layer is trained with the
@@ -78,8 +79,9 @@ def hidden_layers(target_cfg: ModelConfig) -> tuple[int, ...]:
   return (max(1, n // 3), max(1, 2 * n // 3), n)
 
 
-def make_config(target_cfg: ModelConfig, *, draft_vocab_size: int, **_) -> Eagle3Config:
-  return Eagle3Config(target_cfg.replace(num_layers=1, attention_impl="xla"), 3,
+def make_config(target_cfg: ModelConfig, *, draft_vocab_size: int, num_features: int = 3,
+                **_) -> Eagle3Config:
+  return Eagle3Config(target_cfg.replace(num_layers=1, attention_impl="xla"), num_features,
                       draft_vocab_size)
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import hashlib
 import jax.numpy as jnp
@@ -96,9 +96,10 @@ def tokenizer_sha256(tokenizer) -> str | None:
 
 def save_drafter(path: str | os.PathLike, method: str, net, params: nnx.State, d2t,
                  target_cfg: ModelConfig, tokenizer=None, metadata: dict[str, Any] | None = None,
-                 dtype: str | None = None) -> None:
+                 dtype: str | None = None, hidden_layers: Sequence[int] | None = None) -> None:
   """Writes the folder; `dtype` (e.g. "bfloat16") casts the stored weights; the target's
-  tokenizer, when given, is fingerprinted so a drafter is never paired with other token ids."""
+  tokenizer, when given, is fingerprinted so a drafter is never paired with other token ids;
+  `hidden_layers` are the target states the drafter reads (default: its family's)."""
   fam = family(method)
   os.makedirs(path, exist_ok=True)
   tensors = {}
@@ -110,7 +111,8 @@ def save_drafter(path: str | os.PathLike, method: str, net, params: nnx.State, d
   config = {
       "method": method,
       "net": _net_to_dict(net.with_dtype(dtype) if dtype else net),
-      "hidden_layers": list(fam.hidden_layers(target_cfg)),
+      "hidden_layers": list(fam.hidden_layers(target_cfg) if hidden_layers is None
+                            else hidden_layers),
       "draft_vocab_size": int(np.asarray(d2t).size),
       "target": {"architecture": target_cfg.architecture, "vocab_size": target_cfg.vocab_size,
                  "hidden_size": target_cfg.hidden_size, "num_layers": target_cfg.num_layers,

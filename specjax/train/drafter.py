@@ -65,6 +65,9 @@ class DrafterTrainConfig:
   train_steps: int = 4  # depths trained: Medusa/Hydra heads; EAGLE 1; EAGLE-3 TTT steps (>= 3)
   step_decay: float = 0.8  # weight of depth s: decay^s
   regression_weight: float = 1.0  # EAGLE-1's feature regression (ignored by the others)
+  # EAGLE-3's taps: target hidden states fused (0 = embeddings, L = final normed state; default:
+  # eagle3.hidden_layers, a low, a middle and the top). The others read the top state only.
+  target_layers: tuple[int, ...] | None = None
   eval_depth: int = 5
   seq_len: int = 256
   batch_size: int = 16
@@ -89,6 +92,11 @@ class DrafterTrainConfig:
                        "must not exceed it")
     if self.method == "eagle3" and self.train_steps < 3:
       raise ValueError("EAGLE-3's training-time test needs train_steps >= 3")
+    if self.target_layers is not None:
+      if self.method != "eagle3":
+        raise ValueError(f"target_layers is EAGLE-3's option; {self.method} reads the top state")
+      if not self.target_layers or len(set(self.target_layers)) != len(self.target_layers):
+        raise ValueError(f"target_layers must be distinct layer ids, got {self.target_layers}")
 
   @property
   def row_len(self) -> int:
@@ -240,6 +248,7 @@ def train_drafter(cfg: DrafterTrainConfig, *, stop_after: int | None = None,
   target = target or _load_target(cfg)
   if target.tokenizer is None:
     raise ValueError("drafter training needs the target's tokenizer (tokenizer.json)")
+  layers = taps(cfg, target)
   loop.check_run_config(cfg.workdir, cfg)
   fam = io.family(cfg.method)
   t0 = time.perf_counter()
@@ -247,8 +256,8 @@ def train_drafter(cfg: DrafterTrainConfig, *, stop_after: int | None = None,
   data_seconds = time.perf_counter() - t0
   d2t = learned.draft_vocab_from_counts(counts, cfg.draft_vocab_size)
   net = fam.make_config(target.config, num_heads=cfg.num_heads,
-                        draft_vocab_size=cfg.draft_vocab_size)
-  setup = _Setup(fam, net, target.config, fam.hidden_layers(target.config))
+                        draft_vocab_size=cfg.draft_vocab_size, num_features=len(layers))
+  setup = _Setup(fam, net, target.config, layers)
   frozen = {
       "target": target.params, "d2t": jnp.asarray(d2t),
       "emb": learned.target_embedding(target.config, target.params),
@@ -297,9 +306,20 @@ def train_drafter(cfg: DrafterTrainConfig, *, stop_after: int | None = None,
   }
   export_dir = cfg.export_dir or os.path.join(cfg.workdir, "export")
   io.save_drafter(export_dir, cfg.method, net, result.params, d2t, target.config,
-                  target.tokenizer, metadata, dtype=cfg.export_dtype)
+                  target.tokenizer, metadata, dtype=cfg.export_dtype, hidden_layers=layers)
   summary.update(export_dir=export_dir, metadata=metadata)
   return summary
+
+
+def taps(cfg: DrafterTrainConfig, target: Target) -> tuple[int, ...]:
+  """The target hidden states the drafter reads: `cfg.target_layers`, else the family's."""
+  if cfg.target_layers is None:
+    return io.family(cfg.method).hidden_layers(target.config)
+  n = target.config.num_layers
+  bad = [i for i in cfg.target_layers if not 0 <= i <= n]
+  if bad:
+    raise ValueError(f"target_layers {bad} are outside [0, {n}] (the target has {n} layers)")
+  return tuple(sorted(cfg.target_layers))
 
 
 def _init_params(fam: io.Family, net, target: Target, d2t: np.ndarray, seed: int):

@@ -103,6 +103,25 @@ def test_training_exports_a_loadable_drafter(source_dir, target, tmp_path, metho
   assert ours.tokens == specjax.generate(target, prompt, max_new_tokens=24).tokens
 
 
+def test_eagle3_taps_are_configurable(source_dir, target, tmp_path):
+  """`target_layers` picks the target states EAGLE-3 fuses (here the top one alone, the tap
+  ablation): the fc reads that many features, the export records the taps, and the loaded drafter
+  reads them and stays lossless. Taps outside the target are refused before any training."""
+  cfg = _config("eagle3", source_dir, tmp_path / "top", "source=corpus", "target_layers=6")
+  summary = train_drafter(cfg, progress=False, target=target)
+  config = json.loads(open(os.path.join(summary["export_dir"], "config.json")).read())
+  assert config["hidden_layers"] == [6] and config["net"]["num_features"] == 1
+  drafter = specjax.load_drafter(summary["export_dir"], target)
+  assert drafter.hidden_layers == (6,)
+  prompt = [target.encode("def add(a, b):\n    return")]
+  ours = specjax.generate(target, prompt, max_new_tokens=24, drafter=drafter)
+  assert ours.tokens == specjax.generate(target, prompt, max_new_tokens=24).tokens
+  with pytest.raises(ValueError, match=r"target_layers \[7\] are outside \[0, 6\]"):
+    train_drafter(_config("eagle3", source_dir, tmp_path / "bad", "source=corpus",
+                          "target_layers=2,7"), progress=False, target=target)
+  assert not os.path.exists(tmp_path / "bad")
+
+
 def test_bad_configs_are_rejected():
   with pytest.raises(ValueError, match="unknown learned drafter method"):
     load_config("configs/eagle3_stdlib.py", ["method=medusa2"])
@@ -112,3 +131,7 @@ def test_bad_configs_are_rejected():
     load_config("configs/medusa_stdlib.py", ["eval_depth=5"])
   with pytest.raises(ValueError, match="source must be"):
     load_config("configs/eagle_stdlib.py", ["source=web"])
+  with pytest.raises(ValueError, match="target_layers is EAGLE-3's option"):
+    load_config("configs/eagle_stdlib.py", ["target_layers=3,6"])
+  with pytest.raises(ValueError, match="distinct layer ids"):
+    load_config("configs/eagle3_stdlib.py", ["target_layers=6,6"])
