@@ -67,14 +67,16 @@ def make_config(target_cfg: ModelConfig, **_) -> EagleConfig:
 
 
 def depth_logits(net: EagleConfig, params, head, feats, tokens, emb_table, num_steps: int,
-                 regression: bool = True):
+                 regression: bool = True, clean: jax.Array | None = None):
   """Training view: logits[s] for the token at t + s + 2 (unrolled on the drafter's outputs),
-  and EAGLE's feature regression of the step-0 output h_t onto f_{t+1}."""
+  and EAGLE's feature regression of the step-0 output h_t onto f_{t+1}; `clean`: the noiseless
+  features the regression aims at when `feats` carry training noise (default: feats)."""
   module = learned.merge(EagleNet, net, params)
   logits, outs = eagle_common.unroll(module, feats, tokens, emb_table, head, num_steps)
   if not regression:
     return logits, jnp.zeros((), jnp.float32)
-  err = (outs[0][:, :-1] - feats[:, 1:]).astype(jnp.float32)
+  clean = feats if clean is None else clean
+  err = (outs[0][:, :-1] - clean[:, 1:]).astype(jnp.float32)
   smooth_l1 = jnp.where(jnp.abs(err) < 1.0, 0.5 * err**2, jnp.abs(err) - 0.5)
   return logits, smooth_l1.mean()  # EAGLE averages over positions and feature dimensions
 

@@ -65,6 +65,10 @@ class DrafterTrainConfig:
   train_steps: int = 4  # depths trained: Medusa/Hydra heads; EAGLE 1; EAGLE-3 TTT steps (>= 3)
   step_decay: float = 0.8  # weight of depth s: decay^s
   regression_weight: float = 1.0  # EAGLE-1's feature regression (ignored by the others)
+  # EAGLE's feature augmentation: uniform noise in [-a, a] on the target features the drafter
+  # reads (not on what its regression aims at), so the features it rolls forward on at inference,
+  # its own and never exact, are not out of distribution. 0 = none.
+  feature_noise: float = 0.0
   # EAGLE-3's taps: target hidden states fused (0 = embeddings, L = final normed state; default:
   # eagle3.hidden_layers, a low, a middle and the top). The others read the top state only.
   target_layers: tuple[int, ...] | None = None
@@ -92,6 +96,11 @@ class DrafterTrainConfig:
                        "must not exceed it")
     if self.method == "eagle3" and self.train_steps < 3:
       raise ValueError("EAGLE-3's training-time test needs train_steps >= 3")
+    if self.feature_noise < 0:
+      raise ValueError(f"feature_noise must be >= 0, got {self.feature_noise}")
+    if self.feature_noise and self.method not in ("eagle", "eagle3"):
+      raise ValueError(f"feature_noise is for drafters that roll features forward (eagle, "
+                       f"eagle3), not {self.method}")
     if self.target_layers is not None:
       if self.method != "eagle3":
         raise ValueError(f"target_layers is EAGLE-3's option; {self.method} reads the top state")
@@ -133,8 +142,13 @@ def drafter_loss(setup: _Setup, cfg: DrafterTrainConfig, params, batch):
   p = jax.nn.softmax(jnp.take(logits, d2t, axis=-1), axis=-1)  # renormalised on the draft vocab
   in_vocab = jnp.zeros((logits.shape[-1],), bool).at[d2t].set(True)[jnp.argmax(logits, -1)]
   steps = cfg.train_steps
-  draft, aux = setup.family.depth_logits(setup.net, params, frozen["head"], feats, tokens,
-                                         frozen["emb"], steps)
+  inputs, kwargs = feats, {}
+  if cfg.feature_noise:
+    inputs = feats + jax.random.uniform(batch["key"], feats.shape, feats.dtype,
+                                        -cfg.feature_noise, cfg.feature_noise)
+    kwargs = {"clean": feats} if setup.family.name == "eagle" else {}
+  draft, aux = setup.family.depth_logits(setup.net, params, frozen["head"], inputs, tokens,
+                                         frozen["emb"], steps, **kwargs)
   t = tokens.shape[1]
   total, metrics = aux * cfg.regression_weight, {"aux": aux}
   for s in range(steps):
@@ -268,9 +282,11 @@ def train_drafter(cfg: DrafterTrainConfig, *, stop_after: int | None = None,
   batches = pipeline.TrainBatches(train_rows, cfg.batch_size, cfg.seed)
 
   def stream(start: int):
-    for b in batches.iterate(start):
+    for step, b in enumerate(batches.iterate(start), start):
       # The frozen arrays travel with each batch: jit arguments, not compile-time constants.
-      yield {"frozen": frozen, "tokens": np.concatenate([b["inputs"], b["targets"][:, -1:]], 1)}
+      # The key is a function of the step, so a resumed run draws the same noise.
+      yield {"frozen": frozen, "tokens": np.concatenate([b["inputs"], b["targets"][:, -1:]], 1),
+             "key": jax.random.fold_in(jax.random.key(cfg.seed), step)}
 
   loop_cfg = loop.LoopConfig(total_steps=cfg.optim.total_steps, log_every=cfg.log_every,
                              eval_every=cfg.eval_every, save_every=cfg.save_every,

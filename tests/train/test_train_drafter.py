@@ -67,6 +67,22 @@ def test_eagle3_resume_after_interruption_is_bitwise_identical(source_dir, targe
   assert len(glob.glob(os.path.join(tmp_path, "distill", "distill-*.npy"))) == 1
 
 
+def test_feature_noise_is_drawn_per_step_and_resumes_exactly(source_dir, target, tmp_path):
+  """EAGLE's feature noise changes what is learned, and its draws are keyed by the step: a run
+  stopped after 3 steps and resumed ends with the uninterrupted run's parameters bit for bit."""
+  noisy = ("source=corpus", "feature_noise=0.5")
+  straight = train_drafter(_config("eagle", source_dir, tmp_path / "a", *noisy), progress=False,
+                           target=target)
+  cfg = _config("eagle", source_dir, tmp_path / "b", *noisy)
+  train_drafter(cfg, stop_after=3, progress=False, target=target)
+  resumed = train_drafter(cfg, progress=False, target=target)
+  _assert_params_equal(straight["params"], resumed["params"])
+  clean = train_drafter(_config("eagle", source_dir, tmp_path / "c", "source=corpus"),
+                        progress=False, target=target)
+  assert not all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(
+      jax.tree.leaves(straight["params"]), jax.tree.leaves(clean["params"])))
+
+
 def test_resuming_with_other_settings_is_refused(source_dir, target, tmp_path):
   """A workdir remembers the settings its run started with: resuming it under another schedule
   is refused with the differing field named; logging settings may change."""
@@ -131,6 +147,10 @@ def test_bad_configs_are_rejected():
     load_config("configs/medusa_stdlib.py", ["eval_depth=5"])
   with pytest.raises(ValueError, match="source must be"):
     load_config("configs/eagle_stdlib.py", ["source=web"])
+  with pytest.raises(ValueError, match="feature_noise is for drafters that roll features"):
+    load_config("configs/hydra_stdlib.py", ["feature_noise=0.1"])
+  with pytest.raises(ValueError, match="feature_noise must be >= 0"):
+    load_config("configs/eagle_stdlib.py", ["feature_noise=-0.1"])
   with pytest.raises(ValueError, match="target_layers is EAGLE-3's option"):
     load_config("configs/eagle_stdlib.py", ["target_layers=3,6"])
   with pytest.raises(ValueError, match="distinct layer ids"):
