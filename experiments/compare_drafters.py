@@ -1,0 +1,95 @@
+"""Tau of drafters at equal trees on the benchmark's prompts: the deterministic half of a comparison.
+
+  python -m experiments.compare_drafters --drafter eagle --drafter eagle3 \
+      --drafter eagle3=runs/abl_e3_top/export --trees 5,7,7x3x16
+
+Ablations (taps, losses, training budgets) are judged on acceptance, which timing noise cannot
+blur: every drafter is run with the same tree shapes (`--trees`: a chain of d is `d`, EAGLE-2's
+dynamic tree `depth x top_k x total_tokens`, a Medusa/Hydra tree its name) and the same recent tokens,
+batch 1, T = 0, on the benchmark's datasets. Tau is emitted tokens over target calls summed over
+prompts (the benchmark's figure); the held-out agreement by depth is read from each folder's
+metadata.json. Runtime: about a minute per drafter and tree on 2 CPU cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+from specjax import assets, drafters
+from specjax.benchmark import BenchmarkConfig, load_prompts
+from specjax.decoding import generate
+from specjax.drafters import io
+from specjax.drafters.medusa import TREES
+from specjax.interop.hf import load_target
+
+
+def tree_options(spec: str, method: str) -> dict:
+  """'7' -> a chain of 7 (for every family); '7x3x16' -> EAGLE-2's tree of depth 7, top_k 3 and
+  16 nodes; a name from medusa.TREES -> that static tree (Medusa, Hydra)."""
+  static = method in ("medusa", "hydra")
+  if spec.isdigit():
+    d = int(spec)
+    return dict(choices=json.dumps([[0] * i for i in range(1, d + 1)])) if static else dict(
+        depth=d, top_k=1, total_tokens=d)
+  parts = spec.split("x")
+  if not static and len(parts) == 3 and all(p.isdigit() for p in parts):
+    return dict(zip(("depth", "top_k", "total_tokens"), map(int, parts)))
+  if static and spec in TREES:
+    return dict(choices=spec)
+  raise ValueError(f"tree {spec!r} does not fit {method}: use a chain length, "
+                   + ("a name from medusa.TREES" if static else "depth x top_k x total_tokens"))
+
+
+def parse_drafter(spec: str) -> tuple[str, str | None]:
+  """'eagle3' (the shipped folder) or 'eagle3=path/to/folder'."""
+  method, _, path = spec.partition("=")
+  return method, path or None
+
+
+def agreement(method: str, path: str | None) -> list[float] | None:
+  file = os.path.join(path or io.asset_dir(method), "metadata.json")
+  if not os.path.isfile(file):
+    return None
+  with open(file) as f:
+    return json.load(f).get("heldout_agreement_by_depth")
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--drafter", action="append", required=True,
+                      help="method or method=folder; repeat to compare")
+  parser.add_argument("--trees", default="5,7", help="comma-separated tree shapes")
+  parser.add_argument("--recent-tokens", type=int, default=64)
+  parser.add_argument("--datasets", default="humaneval,stdlib_heldout")
+  parser.add_argument("--num-prompts", type=int, default=16)
+  parser.add_argument("--max-new-tokens", type=int, default=128)
+  args = parser.parse_args(argv)
+  cfg = BenchmarkConfig(num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens)
+  target = load_target(assets.TARGET_DIR, dtype="float32")
+  trees = args.trees.split(",")
+  datasets = args.datasets.split(",")
+  prompts = {ds: load_prompts(target, ds, cfg) for ds in datasets}
+  print(f"| drafter | held-out agreement | dataset | " + " | ".join(trees) + " |")
+  print("|---|---|---|" + "---|" * len(trees))
+  for spec in args.drafter:
+    method, path = parse_drafter(spec)
+    agree = agreement(method, path)
+    for ds, rows in prompts.items():
+      taus = []
+      for tree in trees:
+        drafter = drafters.build(method, target, path=path, recent_tokens=args.recent_tokens,
+                                 **tree_options(tree, method))
+        tokens = calls = 0
+        for p in rows:
+          stats = generate(target, [p], max_new_tokens=args.max_new_tokens, drafter=drafter,
+                           eos_token_id=[], pad_to=max(map(len, rows))).stats
+          tokens, calls = tokens + stats.new_tokens, calls + stats.target_calls
+        taus.append(f"{tokens / calls:.2f}")
+      agree_text = " ".join(f"{a:.2f}" for a in agree) if agree else "-"
+      print(f"| {spec} | {agree_text} | {ds} | " + " | ".join(taus) + " |", flush=True)
+
+
+if __name__ == "__main__":
+  main()
