@@ -72,6 +72,9 @@ class DrafterTrainConfig:
   # EAGLE-3's taps: target hidden states fused (0 = embeddings, L = final normed state; default:
   # eagle3.hidden_layers, a low, a middle and the top). The others read the top state only.
   target_layers: tuple[int, ...] | None = None
+  # EAGLE-3 ablation: keep its draft head (final norm and LM head) at its initial value, the
+  # target's own, restricted to the draft vocabulary: EAGLE's frozen head on EAGLE-3's layer.
+  frozen_head: bool = False
   eval_depth: int = 5
   seq_len: int = 256
   batch_size: int = 16
@@ -106,6 +109,9 @@ class DrafterTrainConfig:
         raise ValueError(f"target_layers is EAGLE-3's option; {self.method} reads the top state")
       if not self.target_layers or len(set(self.target_layers)) != len(self.target_layers):
         raise ValueError(f"target_layers must be distinct layer ids, got {self.target_layers}")
+    if self.frozen_head and self.method != "eagle3":
+      raise ValueError(f"frozen_head is EAGLE-3's option (its own draft head), not "
+                       f"{self.method}'s")
 
   @property
   def row_len(self) -> int:
@@ -293,7 +299,7 @@ def train_drafter(cfg: DrafterTrainConfig, *, stop_after: int | None = None,
                              tokens_per_step=cfg.batch_size * train_rows.shape[1])
   evaluate = make_evaluator(setup, cfg, frozen, heldout_rows)
   result = loop.train(lambda p, b: drafter_loss(setup, cfg, p, b), params,
-                      make_optimizer(cfg.optim), stream, loop_cfg,
+                      make_optimizer(cfg.optim, _frozen_leaves(cfg)), stream, loop_cfg,
                       workdir=os.path.join(cfg.workdir, "checkpoints"), evaluate=evaluate,
                       stop_after=stop_after, progress=progress,
                       desc=f"train {cfg.method} {decoder.num_params(params) / 1e6:.2f}M")
@@ -336,6 +342,14 @@ def taps(cfg: DrafterTrainConfig, target: Target) -> tuple[int, ...]:
   if bad:
     raise ValueError(f"target_layers {bad} are outside [0, {n}] (the target has {n} layers)")
   return tuple(sorted(cfg.target_layers))
+
+
+def _frozen_leaves(cfg: DrafterTrainConfig):
+  """`make_optimizer`'s `frozen`: EAGLE-3's head (`norm`, `lm_head`) under `frozen_head`."""
+  if not cfg.frozen_head:
+    return None
+  return lambda params: jax.tree_util.tree_map_with_path(
+      lambda path, _: getattr(path[0], "key", None) in ("norm", "lm_head"), params)
 
 
 def _init_params(fam: io.Family, net, target: Target, d2t: np.ndarray, seed: int):

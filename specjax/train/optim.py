@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, Callable
 
 import jax
 import optax
@@ -36,9 +37,20 @@ def _decay_mask(params):
   return jax.tree.map(lambda p: p.ndim >= 2, params)
 
 
-def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
-  return optax.chain(
+def make_optimizer(cfg: OptimConfig, frozen: Callable[[Any], Any] | None = None
+                   ) -> optax.GradientTransformation:
+  """AdamW after clipping; `frozen(params)` -> a bool per leaf keeps those leaves fixed.
+
+  Frozen leaves get no update at all (no weight decay either) and do not count in the clipped
+  gradient norm: they are split off before the chain sees the gradients.
+  """
+  tx = optax.chain(
       optax.clip_by_global_norm(cfg.clip_norm),
       optax.adamw(schedule(cfg), b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay,
                   mask=_decay_mask),
   )
+  if frozen is None:
+    return tx
+  return optax.multi_transform(
+      {"train": tx, "frozen": optax.set_to_zero()},
+      lambda params: jax.tree.map(lambda f: "frozen" if f else "train", frozen(params)))

@@ -18,6 +18,7 @@ import specjax
 from specjax import assets
 from corpora import stdlib_source_dir
 from specjax.config_utils import load_config
+from specjax.drafters import eagle3, learned
 from specjax.train.drafter import train_drafter
 
 _TINY = ["optim.total_steps=6", "optim.warmup_steps=2", "seq_len=32", "batch_size=2",
@@ -138,6 +139,30 @@ def test_eagle3_taps_are_configurable(source_dir, target, tmp_path):
   assert not os.path.exists(tmp_path / "bad")
 
 
+def test_eagle3_frozen_head_keeps_the_targets_head(source_dir, target, tmp_path):
+  """`frozen_head` (the head ablation) trains EAGLE-3's layer while its final norm and LM head
+  stay the target's, restricted to the draft vocabulary, even under weight decay."""
+  summary = train_drafter(_config("eagle3", source_dir, tmp_path / "frozen", "source=corpus",
+                                  "frozen_head=true", "optim.weight_decay=0.1"),
+                          progress=False, target=target)
+  params = summary["params"]
+  np.testing.assert_array_equal(
+      np.asarray(params["lm_head"]["kernel"][...]),
+      np.asarray(learned.restricted_head(target.config, target.params, summary["d2t"])))
+  np.testing.assert_array_equal(np.asarray(params["norm"]["weight"][...]),
+                                np.asarray(target.params["norm"]["weight"][...]))
+  trained = train_drafter(_config("eagle3", source_dir, tmp_path / "trained", "source=corpus",
+                                  "optim.weight_decay=0.1"), progress=False, target=target)
+  for name in ("lm_head", "norm"):  # what the option holds still does train without it
+    assert not np.array_equal(np.asarray(jax.tree.leaves(trained["params"][name])[0]),
+                              np.asarray(jax.tree.leaves(params[name])[0]))
+  init = learned.init_params(eagle3.Eagle3Net,
+                             eagle3.make_config(target.config, draft_vocab_size=512), 0)
+  for name in ("fc", "layer"):  # while the rest of the drafter trains
+    assert not all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(
+        jax.tree.leaves(init[name]), jax.tree.leaves(params[name]), strict=True))
+
+
 def test_bad_configs_are_rejected():
   with pytest.raises(ValueError, match="unknown learned drafter method"):
     load_config("configs/eagle3_stdlib.py", ["method=medusa2"])
@@ -153,5 +178,7 @@ def test_bad_configs_are_rejected():
     load_config("configs/eagle_stdlib.py", ["feature_noise=-0.1"])
   with pytest.raises(ValueError, match="target_layers is EAGLE-3's option"):
     load_config("configs/eagle_stdlib.py", ["target_layers=3,6"])
+  with pytest.raises(ValueError, match="frozen_head is EAGLE-3's option"):
+    load_config("configs/eagle_stdlib.py", ["frozen_head=true"])
   with pytest.raises(ValueError, match="distinct layer ids"):
     load_config("configs/eagle3_stdlib.py", ["target_layers=6,6"])
