@@ -113,51 +113,53 @@ def train(loss_fn: LossFn, params: Any, tx: optax.GradientTransformation,
   state = {"params": params, "opt_state": tx.init(params), "step": jnp.zeros((), jnp.int32),
            "elapsed": jnp.zeros((), jnp.float64 if jax.config.jax_enable_x64 else jnp.float32)}
   ckpt = Checkpointer(workdir, max_to_keep=cfg.keep_checkpoints) if workdir else None
-  resumed_from = ckpt.latest_step() if ckpt else None
-  if resumed_from is not None:
-    state = ckpt.restore(state)
-  start = int(state["step"])
-  train_step = make_train_step(loss_fn, tx)
-  history: list[dict[str, float]] = []
-  end = cfg.total_steps if stop_after is None else min(cfg.total_steps, start + stop_after)
-  bar = tqdm(total=cfg.total_steps, initial=start, desc=desc, disable=not progress,
-             dynamic_ncols=True)
-  elapsed = float(state["elapsed"])
-  t_mark = t_log = time.perf_counter()  # t_mark: elapsed-time accounting; t_log: throughput
-  step_log = start
-  stream = batches(start)
-  for step in range(start, end):
-    state, metrics = train_step(state, next(stream))
-    done = step + 1
-    if done % cfg.log_every == 0 or done == end:
-      loss = float(metrics["loss"])  # blocks: timings below are honest
-      now = time.perf_counter()
-      tok_s = cfg.tokens_per_step * (done - step_log) / max(now - t_log, 1e-9)
-      t_log, step_log = now, done
-      record = {"step": done, "loss": loss, "grad_norm": float(metrics["grad_norm"]),
-                "tokens_per_second": tok_s}
-      record.update({k: float(v) for k, v in metrics.items() if k not in record})
-      history.append(record)
-      bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tok_s:,.0f}")
-    if evaluate is not None and (done % cfg.eval_every == 0 or done == cfg.total_steps):
-      jax.block_until_ready(state)
-      t_eval = time.perf_counter()
-      elapsed += t_eval - t_mark
-      ev = evaluate(state["params"])
-      history.append({"step": done, **{f"eval/{k}": v for k, v in ev.items()}})
-      bar.write(f"step {done}: " + ", ".join(f"{k} {v:.4f}" for k, v in ev.items()))
-      t_mark = time.perf_counter()  # evaluation time is not training time
-      t_log += t_mark - t_eval
-    bar.update(1)
-    if ckpt and (done % cfg.save_every == 0 or done == end):
-      jax.block_until_ready(state)
-      now = time.perf_counter()
-      elapsed, t_mark = elapsed + now - t_mark, now
-      state["elapsed"] = jnp.asarray(elapsed, state["elapsed"].dtype)
-      ckpt.save(done, state, force=True)
-  bar.close()
-  jax.block_until_ready(state)
-  elapsed += time.perf_counter() - t_mark
-  if ckpt:
-    ckpt.close()
+  try:
+    resumed_from = ckpt.latest_step() if ckpt else None
+    if resumed_from is not None:
+      state = ckpt.restore(state)
+    start = int(state["step"])
+    train_step = make_train_step(loss_fn, tx)
+    history: list[dict[str, float]] = []
+    end = cfg.total_steps if stop_after is None else min(cfg.total_steps, start + stop_after)
+    bar = tqdm(total=cfg.total_steps, initial=start, desc=desc, disable=not progress,
+               dynamic_ncols=True)
+    elapsed = float(state["elapsed"])
+    t_mark = t_log = time.perf_counter()  # t_mark: elapsed-time accounting; t_log: throughput
+    step_log = start
+    stream = batches(start)
+    for step in range(start, end):
+      state, metrics = train_step(state, next(stream))
+      done = step + 1
+      if done % cfg.log_every == 0 or done == end:
+        loss = float(metrics["loss"])  # blocks: timings below are honest
+        now = time.perf_counter()
+        tok_s = cfg.tokens_per_step * (done - step_log) / max(now - t_log, 1e-9)
+        t_log, step_log = now, done
+        record = {"step": done, "loss": loss, "grad_norm": float(metrics["grad_norm"]),
+                  "tokens_per_second": tok_s}
+        record.update({k: float(v) for k, v in metrics.items() if k not in record})
+        history.append(record)
+        bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tok_s:,.0f}")
+      if evaluate is not None and (done % cfg.eval_every == 0 or done == cfg.total_steps):
+        jax.block_until_ready(state)
+        t_eval = time.perf_counter()
+        elapsed += t_eval - t_mark
+        ev = evaluate(state["params"])
+        history.append({"step": done, **{f"eval/{k}": v for k, v in ev.items()}})
+        bar.write(f"step {done}: " + ", ".join(f"{k} {v:.4f}" for k, v in ev.items()))
+        t_mark = time.perf_counter()  # evaluation time is not training time
+        t_log += t_mark - t_eval
+      bar.update(1)
+      if ckpt and (done % cfg.save_every == 0 or done == end):
+        jax.block_until_ready(state)
+        now = time.perf_counter()
+        elapsed, t_mark = elapsed + now - t_mark, now
+        state["elapsed"] = jnp.asarray(elapsed, state["elapsed"].dtype)
+        ckpt.save(done, state, force=True)
+    bar.close()
+    jax.block_until_ready(state)
+    elapsed += time.perf_counter() - t_mark
+  finally:  # in-flight saves finish and orbax's threads stop, on errors too
+    if ckpt:
+      ckpt.close()
   return TrainResult(state["params"], int(state["step"]), elapsed, history, resumed_from)
