@@ -7,8 +7,10 @@ Ablations (taps, losses, training budgets) are judged on acceptance, which timin
 blur: every drafter is run with the same tree shapes (`--trees`: a chain of d is `d`, EAGLE-2's
 dynamic tree `depth x top_k x total_tokens`, a Medusa/Hydra tree its name) and the same recent tokens,
 batch 1, T = 0, on the benchmark's datasets. Tau is emitted tokens over target calls summed over
-prompts (the benchmark's figure); the held-out agreement by depth is read from each folder's
-metadata.json. Runtime: about a minute per drafter and tree on 2 CPU cores.
+prompts (the benchmark's figure). Beside it, each folder's held-out top-1 agreement by depth and
+its chain tau (1 + sum over d of P(depths 1..d all agree), the acceptance a chain needs), from
+the training evaluator run now on the rows its training held out. Runtime: about a minute per
+drafter and tree on 2 CPU cores.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from specjax.decoding import generate
 from specjax.drafters import io
 from specjax.drafters.medusa import TREES
 from specjax.interop.hf import load_target
+from specjax.train.drafter import heldout_scores
 
 
 def tree_options(spec: str, method: str) -> dict:
@@ -48,12 +51,15 @@ def parse_drafter(spec: str) -> tuple[str, str | None]:
   return method, path or None
 
 
-def agreement(method: str, path: str | None) -> list[float] | None:
-  file = os.path.join(path or io.asset_dir(method), "metadata.json")
-  if not os.path.isfile(file):
-    return None
-  with open(file) as f:
-    return json.load(f).get("heldout_agreement_by_depth")
+def heldout(method: str, path: str | None, target) -> tuple[str, str]:
+  """(held-out agreement by depth, held-out chain tau) of a drafter folder, evaluated now by the
+  training evaluator on the rows its run held out; dashes for a folder without metadata."""
+  folder = path or io.asset_dir(method)
+  if not os.path.isfile(os.path.join(folder, "metadata.json")):
+    return "-", "-"
+  scores = heldout_scores(folder, target)
+  depths = sorted(k for k in scores if k.startswith("agree_"))
+  return " ".join(f"{scores[k]:.2f}" for k in depths), f"{scores['chain_tau']:.2f}"
 
 
 def main(argv=None):
@@ -71,11 +77,12 @@ def main(argv=None):
   trees = args.trees.split(",")
   datasets = args.datasets.split(",")
   prompts = {ds: load_prompts(target, ds, cfg) for ds in datasets}
-  print(f"| drafter | held-out agreement | dataset | " + " | ".join(trees) + " |")
-  print("|---|---|---|" + "---|" * len(trees))
+  print(f"| drafter | held-out agreement | held-out chain tau | dataset | "
+        + " | ".join(trees) + " |")
+  print("|---|---|---|---|" + "---|" * len(trees))
   for spec in args.drafter:
     method, path = parse_drafter(spec)
-    agree = agreement(method, path)
+    agree, chain = heldout(method, path, target)
     for ds, rows in prompts.items():
       taus = []
       for tree in trees:
@@ -87,8 +94,7 @@ def main(argv=None):
                            eos_token_id=[], pad_to=max(map(len, rows))).stats
           tokens, calls = tokens + stats.new_tokens, calls + stats.target_calls
         taus.append(f"{tokens / calls:.2f}")
-      agree_text = " ".join(f"{a:.2f}" for a in agree) if agree else "-"
-      print(f"| {spec} | {agree_text} | {ds} | " + " | ".join(taus) + " |", flush=True)
+      print(f"| {spec} | {agree} | {chain} | {ds} | " + " | ".join(taus) + " |", flush=True)
 
 
 if __name__ == "__main__":

@@ -45,5 +45,6 @@ def test_compare_drafters_runs_equal_trees(capsys):
            "--max-new-tokens", "8", "--datasets", "humaneval"])
   rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
   assert len(rows) == 3 and rows[1].startswith("| eagle | 0.") and "| humaneval |" in rows[2]
+  assert all(1.0 <= float(r.split("|")[3]) <= 5.0 for r in rows[1:])  # held-out chain tau
   taus = [float(r.split("|")[-2]) for r in rows[1:]]
   assert all(1.0 <= t <= 3.0 for t in taus)  # a chain of 2 emits at most 3 tokens per call

@@ -167,8 +167,22 @@ def drafter_loss(setup: _Setup, cfg: DrafterTrainConfig, params, batch):
   return total, metrics
 
 
+def match_counts(hits: list[jax.Array]) -> jax.Array:
+  """float32[depth, 4] from hits[s]: bool[B, T - s - 1], draft depth s + 1 from start t matching
+  the target. Per depth d: (matches, positions), and (chain matches, chain positions): starts
+  (those with every depth inside the row) where depths 1..d all match -- what a chain's
+  acceptance needs; per-depth agreement also counts a depth-d hit after an earlier miss."""
+  starts = hits[-1].shape[1]
+  chain = jnp.ones((hits[0].shape[0], starts), bool)
+  out = []
+  for hit in hits:
+    chain = chain & hit[:, :starts]
+    out.append(jnp.stack([hit.sum(), hit.size, chain.sum(), chain.size]).astype(jnp.float32))
+  return jnp.stack(out)
+
+
 def agreement(setup: _Setup, depth: int, params, batch) -> jax.Array:
-  """float32[depth, 2]: (matches, positions) of draft top-1 == target top-1 per depth."""
+  """`match_counts` of the drafter's top-1 against the target's on a batch of rows."""
   frozen, tokens = batch["frozen"], batch["tokens"]
   feats, logits = _target_view(setup, frozen, tokens)
   kwargs = {"regression": False} if setup.family.name == "eagle" else {}
@@ -176,11 +190,9 @@ def agreement(setup: _Setup, depth: int, params, batch) -> jax.Array:
                                        frozen["emb"], depth, **kwargs)
   t = tokens.shape[1]
   want = jnp.argmax(logits, -1)
-  out = []
-  for s in range(depth):
-    got = jnp.take(frozen["d2t"], jnp.argmax(draft[s, :, :t - s - 1], -1))
-    out.append(jnp.stack([(got == want[:, s + 1:]).sum(), got.size]).astype(jnp.float32))
-  return jnp.stack(out)
+  return match_counts([
+      jnp.take(frozen["d2t"], jnp.argmax(draft[s, :, :t - s - 1], -1)) == want[:, s + 1:]
+      for s in range(depth)])
 
 
 def make_evaluator(setup: _Setup, cfg: DrafterTrainConfig, frozen, rows: np.ndarray):
@@ -191,7 +203,10 @@ def make_evaluator(setup: _Setup, cfg: DrafterTrainConfig, frozen, rows: np.ndar
   def evaluate(params) -> dict[str, float]:
     counts = sum(np.asarray(score(params, {"frozen": frozen, "tokens": jnp.asarray(b)}))
                  for b in batches)
-    return {f"agree_{d + 1}": float(counts[d, 0] / counts[d, 1]) for d in range(depth)}
+    out = {f"agree_{d + 1}": float(counts[d, 0] / counts[d, 1]) for d in range(depth)}
+    # Tau of a depth-`depth` chain judged on held-out text: 1 + sum_d P(depths 1..d all match).
+    out["chain_tau"] = 1.0 + float((counts[:, 2] / counts[:, 3]).sum())
+    return out
 
   return evaluate
 
@@ -200,13 +215,12 @@ def make_evaluator(setup: _Setup, cfg: DrafterTrainConfig, frozen, rows: np.ndar
 # Data
 
 
-def _corpus_streams(cfg: DrafterTrainConfig, target: Target):
-  train = stdlib_code.load_stdlib_code("train", cfg.data_dir, cfg.source_dir)
-  heldout = stdlib_code.load_stdlib_code("heldout", cfg.data_dir, cfg.source_dir)
-  if len(train) == 0 or len(heldout) == 0:
-    raise ValueError(f"{cfg.source_dir or 'the stdlib'} has an empty train or held-out split")
-  return (pipeline.cached_token_stream(target.tokenizer, [ex["text"] for ex in train]),
-          pipeline.cached_token_stream(target.tokenizer, [ex["text"] for ex in heldout]))
+def _corpus_stream(cfg: DrafterTrainConfig, target: Target, split: str) -> np.ndarray:
+  """The tokens of a corpus split ("train" | "heldout"), files joined."""
+  examples = stdlib_code.load_stdlib_code(split, cfg.data_dir, cfg.source_dir)
+  if len(examples) == 0:
+    raise ValueError(f"{cfg.source_dir or 'the stdlib'} has an empty {split} split")
+  return pipeline.cached_token_stream(target.tokenizer, [ex["text"] for ex in examples])
 
 
 def self_distill_rows(cfg: DrafterTrainConfig, target: Target, stream: np.ndarray,
@@ -241,10 +255,14 @@ def self_distill_rows(cfg: DrafterTrainConfig, target: Target, stream: np.ndarra
   return data
 
 
+def _heldout(cfg: DrafterTrainConfig, stream: np.ndarray) -> np.ndarray:
+  return pipeline.pack_stream(stream, cfg.seq_len - 1)[:cfg.eval_rows]
+
+
 def training_rows(cfg: DrafterTrainConfig, target: Target):
   """(train rows, held-out rows, vocabulary counts of the train rows)."""
-  train_stream, heldout_stream = _corpus_streams(cfg, target)
-  heldout = pipeline.pack_stream(heldout_stream, cfg.seq_len - 1)[:cfg.eval_rows]
+  train_stream = _corpus_stream(cfg, target, "train")
+  heldout = _heldout(cfg, _corpus_stream(cfg, target, "heldout"))
   if cfg.source == "corpus":
     train = pipeline.pack_stream(train_stream, cfg.seq_len - 1)
   else:
@@ -324,6 +342,7 @@ def train_drafter(cfg: DrafterTrainConfig, *, stop_after: int | None = None,
       "draft_vocab_coverage": learned.vocab_coverage(counts, d2t),
       "heldout_agreement_by_depth": [round(final[f"agree_{d + 1}"], 4)
                                      for d in range(cfg.eval_depth)],
+      "heldout_chain_tau": round(final["chain_tau"], 4),
       "heldout_rows": int(heldout_rows.shape[0]),
   }
   export_dir = cfg.export_dir or os.path.join(cfg.workdir, "export")
@@ -331,6 +350,31 @@ def train_drafter(cfg: DrafterTrainConfig, *, stop_after: int | None = None,
                   target.tokenizer, metadata, dtype=cfg.export_dtype, hidden_layers=layers)
   summary.update(export_dir=export_dir, metadata=metadata)
   return summary
+
+
+def config_from_metadata(training: dict[str, Any]) -> DrafterTrainConfig:
+  """The `DrafterTrainConfig` a drafter folder's metadata.json records (`"training"`)."""
+  known = {f.name for f in dataclasses.fields(DrafterTrainConfig)}
+  fields = {k: v for k, v in training.items() if k in known}
+  fields["optim"] = OptimConfig(**fields["optim"])
+  if fields.get("target_layers") is not None:
+    fields["target_layers"] = tuple(fields["target_layers"])
+  return DrafterTrainConfig(**fields)
+
+
+def heldout_scores(path: str | os.PathLike, target: Target, **changes) -> dict[str, float]:
+  """Held-out agreement by depth (`agree_d`) and chain tau of an exported drafter folder, by the
+  training evaluator, on the held-out rows its run evaluated on (its metadata's config, with
+  `changes`, e.g. `data_dir`): figures for folders exported before a metric existed, and a check
+  that an export reproduces what its training measured. `target`: loaded in float32."""
+  with open(os.path.join(path, "metadata.json")) as f:
+    cfg = dataclasses.replace(config_from_metadata(json.load(f)["training"]), **changes)
+  drafter = io.load_drafter(path, target)  # carries its net, params, taps and head
+  setup = _Setup(io.family(cfg.method), drafter.net, target.config, drafter.hidden_layers)
+  frozen = {"target": target.params, "d2t": drafter.d2t, "head": drafter.head,
+            "emb": learned.target_embedding(target.config, target.params)}
+  rows = _heldout(cfg, _corpus_stream(cfg, target, "heldout"))
+  return make_evaluator(setup, cfg, frozen, rows)(drafter.params)
 
 
 def taps(cfg: DrafterTrainConfig, target: Target) -> tuple[int, ...]:

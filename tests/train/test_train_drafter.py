@@ -11,6 +11,7 @@ import json
 import os
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -19,7 +20,7 @@ from specjax import assets
 from corpora import stdlib_source_dir
 from specjax.config_utils import load_config
 from specjax.drafters import eagle3, learned
-from specjax.train.drafter import train_drafter
+from specjax.train.drafter import heldout_scores, match_counts, train_drafter
 
 _TINY = ["optim.total_steps=6", "optim.warmup_steps=2", "seq_len=32", "batch_size=2",
          "eval_every=3", "save_every=2", "eval_rows=4", "draft_vocab_size=512",
@@ -111,6 +112,7 @@ def test_training_exports_a_loadable_drafter(source_dir, target, tmp_path, metho
   meta = summary["metadata"]
   assert meta["steps"] == 8 and meta["draft_vocab_size"] == 512
   assert len(meta["heldout_agreement_by_depth"]) == cfg.eval_depth
+  assert 1.0 <= meta["heldout_chain_tau"] <= 1.0 + cfg.eval_depth
   assert 0 < meta["draft_vocab_coverage"] <= 1
   on_disk = json.loads(open(os.path.join(summary["export_dir"], "metadata.json")).read())
   assert on_disk["heldout_agreement_by_depth"] == meta["heldout_agreement_by_depth"]
@@ -130,6 +132,12 @@ def test_eagle3_taps_are_configurable(source_dir, target, tmp_path):
   assert config["hidden_layers"] == [6] and config["net"]["num_features"] == 1
   drafter = specjax.load_drafter(summary["export_dir"], target)
   assert drafter.hidden_layers == (6,)
+  # The folder, re-evaluated from its metadata, scores what its training measured.
+  scores = heldout_scores(summary["export_dir"], target)
+  meta = summary["metadata"]
+  assert [round(scores[f"agree_{d + 1}"], 4) for d in range(5)] == meta[
+      "heldout_agreement_by_depth"]
+  assert round(scores["chain_tau"], 4) == meta["heldout_chain_tau"]
   prompt = [target.encode("def add(a, b):\n    return")]
   ours = specjax.generate(target, prompt, max_new_tokens=24, drafter=drafter)
   assert ours.tokens == specjax.generate(target, prompt, max_new_tokens=24).tokens
@@ -161,6 +169,18 @@ def test_eagle3_frozen_head_keeps_the_targets_head(source_dir, target, tmp_path)
   for name in ("fc", "layer"):  # while the rest of the drafter trains
     assert not all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(
         jax.tree.leaves(init[name]), jax.tree.leaves(params[name]), strict=True))
+
+
+def test_chain_counts_need_every_shallower_depth():
+  """Per-depth agreement counts a hit wherever it falls; the chain count only where every
+  shallower depth from the same start hit too, over the starts that have all depths in the row."""
+  hits = [jnp.asarray([[1, 1, 0, 1, 1]], bool),   # depth 1 from starts 0..4
+          jnp.asarray([[1, 0, 1, 1]], bool),      # depth 2 from starts 0..3
+          jnp.asarray([[1, 1, 1]], bool)]         # depth 3 from starts 0..2
+  counts = np.asarray(match_counts(hits))
+  np.testing.assert_array_equal(counts[:, :2], [[4, 5], [3, 4], [3, 3]])
+  # starts 0..2: depth 1 hits at 0, 1; depths 1-2 at 0; depths 1-3 at 0.
+  np.testing.assert_array_equal(counts[:, 2:], [[2, 3], [1, 3], [1, 3]])
 
 
 def test_bad_configs_are_rejected():
