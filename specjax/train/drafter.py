@@ -75,6 +75,10 @@ class DrafterTrainConfig:
   # EAGLE-3 ablation: keep its draft head (final norm and LM head) at its initial value, the
   # target's own, restricted to the draft vocabulary: EAGLE's frozen head on EAGLE-3's layer.
   frozen_head: bool = False
+  # Acceptance-aware loss (AUF / VAT style): depth s + 1 is scored only at starts where the
+  # drafter's own top-1 (no gradient) agreed with the target at depths 1..s -- the states a chain
+  # reaches at inference; past a miss it would stop. Needs train_steps >= 2.
+  chain_loss: bool = False
   eval_depth: int = 5
   seq_len: int = 256
   batch_size: int = 16
@@ -109,6 +113,8 @@ class DrafterTrainConfig:
         raise ValueError(f"target_layers is EAGLE-3's option; {self.method} reads the top state")
       if not self.target_layers or len(set(self.target_layers)) != len(self.target_layers):
         raise ValueError(f"target_layers must be distinct layer ids, got {self.target_layers}")
+    if self.chain_loss and self.train_steps < 2:
+      raise ValueError("chain_loss scores depths past the first: it needs train_steps >= 2")
     if self.frozen_head and self.method != "eagle3":
       raise ValueError(f"frozen_head is EAGLE-3's option (its own draft head), not "
                        f"{self.method}'s")
@@ -156,14 +162,21 @@ def drafter_loss(setup: _Setup, cfg: DrafterTrainConfig, params, batch):
   draft, aux = setup.family.depth_logits(setup.net, params, frozen["head"], inputs, tokens,
                                          frozen["emb"], steps, **kwargs)
   t = tokens.shape[1]
+  want = jnp.argmax(logits, -1)
   total, metrics = aux * cfg.regression_weight, {"aux": aux}
+  chain = jnp.ones(tokens.shape, bool)  # by start: depths so far all agreed (chain_loss)
   for s in range(steps):
     logq = jax.nn.log_softmax(draft[s, :, :t - s - 1], axis=-1)
     ce = -(p[:, s + 1:] * logq).sum(-1)
-    mask = in_vocab[:, s + 1:].astype(jnp.float32)
+    mask = in_vocab[:, s + 1:] & chain[:, :t - s - 1] if cfg.chain_loss else in_vocab[:, s + 1:]
+    mask = mask.astype(jnp.float32)
     loss_s = (ce * mask).sum() / jnp.maximum(mask.sum(), 1.0)
     total = total + cfg.step_decay**s * loss_s
     metrics[f"ce_{s + 1}"] = loss_s
+    if cfg.chain_loss:
+      hit = jnp.take(d2t, jnp.argmax(jax.lax.stop_gradient(logq), -1)) == want[:, s + 1:]
+      chain = chain[:, :t - s - 1] & hit
+      metrics[f"chain_{s + 1}"] = chain.mean()
   return total, metrics
 
 

@@ -6,6 +6,7 @@ stdlib files: the same code path as the shipped drafters' training, with a few s
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import os
@@ -19,7 +20,7 @@ import specjax
 from specjax import assets
 from corpora import stdlib_source_dir
 from specjax.config_utils import load_config
-from specjax.drafters import eagle3, learned
+from specjax.drafters import eagle3, io, learned
 from specjax.train.drafter import heldout_scores, match_counts, train_drafter
 
 _TINY = ["optim.total_steps=6", "optim.warmup_steps=2", "seq_len=32", "batch_size=2",
@@ -171,6 +172,44 @@ def test_eagle3_frozen_head_keeps_the_targets_head(source_dir, target, tmp_path)
         jax.tree.leaves(init[name]), jax.tree.leaves(params[name]), strict=True))
 
 
+def test_chain_loss_scores_depths_only_along_agreeing_chains(target):
+  """The acceptance-aware loss scores depth s + 1 only at starts where the drafter's top-1 agreed
+  with the target at depths 1..s; depth 1 is the plain loss. Checked against a numpy reference
+  with hand-made draft logits (a fake family returns its params as the logits)."""
+  from specjax.train import drafter as D
+  fake = dataclasses.replace(io.family("eagle3"),
+                             depth_logits=lambda net, params, *a, **k: (params, jnp.zeros(())))
+  setup = D._Setup(fake, None, target.config, (target.config.num_layers,))
+  v, t, steps = target.config.vocab_size, 10, 3
+  tokens = jnp.asarray(np.random.default_rng(0).integers(1, v, (1, t)), jnp.int32)
+  d2t = jnp.arange(v, dtype=jnp.int32)
+  frozen = {"target": target.params, "d2t": d2t, "head": None,
+            "emb": learned.target_embedding(target.config, target.params)}
+  logits = np.asarray(D._target_view(setup, frozen, tokens)[1][0])
+  want = logits.argmax(-1)
+  hits = np.random.default_rng(1).random((steps, t)) < 0.6
+  draft = np.zeros((steps, 1, t, v), np.float32)
+  for s in range(steps):
+    for i in range(t - s - 1):  # depth s + 1 from start i drafts the token at i + s + 2
+      draft[s, 0, i, want[i + s + 1] if hits[s, i] else (want[i + s + 1] + 1) % v] = 4.0
+  batch = {"frozen": frozen, "tokens": tokens}
+  cfg = load_config("configs/eagle3_stdlib.py", ["train_steps=3", "chain_loss=true"])
+  _, metrics = D.drafter_loss(setup, cfg, jnp.asarray(draft), batch)
+  p = np.exp(logits - logits.max(-1, keepdims=True))
+  p /= p.sum(-1, keepdims=True)
+  chain = np.ones(t, bool)
+  for s in range(steps):
+    n = t - s - 1
+    logq = draft[s, 0, :n] - np.log(np.exp(draft[s, 0, :n]).sum(-1, keepdims=True))
+    ce = -(p[s + 1:] * logq).sum(-1)
+    on = chain[:n]
+    np.testing.assert_allclose(float(metrics[f"ce_{s + 1}"]), ce[on].mean() if on.any() else 0,
+                               rtol=1e-5)
+    chain = on & hits[s, :n]
+    np.testing.assert_allclose(float(metrics[f"chain_{s + 1}"]), chain.mean(), rtol=1e-6)
+  assert 0 < chain.sum() < hits[0, :t - steps].sum()  # the chains did thin out
+
+
 def test_chain_counts_need_every_shallower_depth():
   """Per-depth agreement counts a hit wherever it falls; the chain count only where every
   shallower depth from the same start hit too, over the starts that have all depths in the row."""
@@ -200,5 +239,7 @@ def test_bad_configs_are_rejected():
     load_config("configs/eagle_stdlib.py", ["target_layers=3,6"])
   with pytest.raises(ValueError, match="frozen_head is EAGLE-3's option"):
     load_config("configs/eagle_stdlib.py", ["frozen_head=true"])
+  with pytest.raises(ValueError, match="chain_loss scores depths past the first"):
+    load_config("configs/eagle_stdlib.py", ["chain_loss=true"])
   with pytest.raises(ValueError, match="distinct layer ids"):
     load_config("configs/eagle3_stdlib.py", ["target_layers=6,6"])
