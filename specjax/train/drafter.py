@@ -77,7 +77,8 @@ class DrafterTrainConfig:
   frozen_head: bool = False
   # Acceptance-aware loss (AUF / VAT style): depth s + 1 is scored only at starts where the
   # drafter's own top-1 (no gradient) agreed with the target at depths 1..s -- the states a chain
-  # reaches at inference; past a miss it would stop. Needs train_steps >= 2.
+  # reaches at inference; past a miss it would stop. Averaged over all starts, so each depth
+  # weighs by how often it is reached. Needs train_steps >= 2.
   chain_loss: bool = False
   eval_depth: int = 5
   seq_len: int = 256
@@ -168,9 +169,11 @@ def drafter_loss(setup: _Setup, cfg: DrafterTrainConfig, params, batch):
   for s in range(steps):
     logq = jax.nn.log_softmax(draft[s, :, :t - s - 1], axis=-1)
     ce = -(p[:, s + 1:] * logq).sum(-1)
-    mask = in_vocab[:, s + 1:] & chain[:, :t - s - 1] if cfg.chain_loss else in_vocab[:, s + 1:]
-    mask = mask.astype(jnp.float32)
-    loss_s = (ce * mask).sum() / jnp.maximum(mask.sum(), 1.0)
+    mask = in_vocab[:, s + 1:].astype(jnp.float32)
+    # chain_loss: averaged over all starts, so depth s + 1 weighs as often as a chain reaches it
+    # (its share of the expected accepted length), not as a mean over the few chains early on.
+    on = chain[:, :t - s - 1].astype(jnp.float32) if cfg.chain_loss else 1.0
+    loss_s = (ce * mask * on).sum() / jnp.maximum(mask.sum(), 1.0)
     total = total + cfg.step_decay**s * loss_s
     metrics[f"ce_{s + 1}"] = loss_s
     if cfg.chain_loss:
