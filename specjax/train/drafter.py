@@ -9,10 +9,12 @@ Loss (soft targets, forward KL up to a constant): for each step s, the cross-ent
 -sum_v p(v) log q_s(v) where p is the target's distribution renormalised over the draft vocabulary
 (EAGLE-3's convention), averaged over positions whose target argmax lies in the draft vocabulary
 (a drafter cannot propose the others), weighted decay^s and summed; plus EAGLE-1's feature
-regression. Held-out evaluation reports top-1 agreement with the target per draft depth: the
-fraction of positions where the drafter's argmax (mapped to target ids) equals the target's
-argmax, for the depth-d prediction made from the state a tree of depth d - 1 would give it
-(EAGLE unrolls on its own outputs; Medusa and Hydra use head d).
+regression (`chain_loss` keeps only the starts whose shallower drafts all agreed). Held-out
+evaluation reports top-1 agreement with the target per draft depth: the fraction of positions
+where the drafter's argmax (mapped to target ids) equals the target's argmax, for the depth-d
+prediction made from the state a tree of depth d - 1 would give it (EAGLE unrolls on its own
+outputs; Medusa and Hydra use head d); and chain tau, 1 + sum_d P(depths 1..d all agree), the
+acceptance a chain gets (per-depth agreement also counts deep hits after a miss).
 
 Data: packed rows of the stdlib corpus, or self-distillation: continuations the target itself
 generates from corpus prompts (cached in the workdir), which is what the drafter will see.
