@@ -155,7 +155,8 @@ def drafter_loss(setup: _Setup, cfg: DrafterTrainConfig, params, batch):
   feats, logits = _target_view(setup, frozen, tokens)
   d2t = frozen["d2t"]
   p = jax.nn.softmax(jnp.take(logits, d2t, axis=-1), axis=-1)  # renormalised on the draft vocab
-  in_vocab = jnp.zeros((logits.shape[-1],), bool).at[d2t].set(True)[jnp.argmax(logits, -1)]
+  want = jnp.argmax(logits, -1)  # the target's greedy tokens
+  in_vocab = jnp.zeros((logits.shape[-1],), bool).at[d2t].set(True)[want]
   steps = cfg.train_steps
   inputs, kwargs = feats, {}
   if cfg.feature_noise:
@@ -165,7 +166,6 @@ def drafter_loss(setup: _Setup, cfg: DrafterTrainConfig, params, batch):
   draft, aux = setup.family.depth_logits(setup.net, params, frozen["head"], inputs, tokens,
                                          frozen["emb"], steps, **kwargs)
   t = tokens.shape[1]
-  want = jnp.argmax(logits, -1)
   total, metrics = aux * cfg.regression_weight, {"aux": aux}
   chain = jnp.ones(tokens.shape, bool)  # by start: depths so far all agreed (chain_loss)
   for s in range(steps):
