@@ -58,8 +58,9 @@ def heldout(method: str, path: str | None, target) -> tuple[str, str]:
   if not os.path.isfile(os.path.join(folder, "metadata.json")):
     return "-", "-"
   scores = heldout_scores(folder, target)
-  depths = sorted(k for k in scores if k.startswith("agree_"))
-  return " ".join(f"{scores[k]:.2f}" for k in depths), f"{scores['chain_tau']:.2f}"
+  depth = sum(k.startswith("agree_") for k in scores)  # agree_1 .. agree_depth, in depth order
+  return (" ".join(f"{scores[f'agree_{d}']:.2f}" for d in range(1, depth + 1)),
+          f"{scores['chain_tau']:.2f}")
 
 
 def main(argv=None):
