@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from flax import nnx, struct
 
 from specjax import assets, trees
-from specjax.drafters import register
+from specjax.drafters.registry import register
 from specjax.drafters.base import DraftContext, Prefill, RoundResult, TargetView
 from specjax.models import decoder
 from specjax.models.cache import KVCache

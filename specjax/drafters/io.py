@@ -29,6 +29,7 @@ from safetensors.flax import save_file
 
 from specjax import assets
 from specjax.drafters import learned
+from specjax.drafters.registry import register
 from specjax.models.config import ModelConfig
 
 CONFIG = "config.json"
@@ -58,7 +59,6 @@ FAMILIES: dict[str, Family] = {}
 def register_family(family: Family, description: str) -> Family:
   """Adds a learned family and registers its drafter builder (`specjax.drafters.build(name,
   target, path=None, **tree_options)`), usable when a drafter was shipped for the target."""
-  from specjax.drafters import register  # the registry imports the family files, not io
   FAMILIES[family.name] = family
 
   def build(target, *, path: str | None = None, **tree_options):

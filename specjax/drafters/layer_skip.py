@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from specjax import trees
-from specjax.drafters import register
+from specjax.drafters.registry import register
 from specjax.drafters.base import DraftContext, Stateless, TargetView
 from specjax.models import decoder
 from specjax.sampling import draft_sample

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from specjax.drafters import register
+from specjax.drafters.registry import register
 from specjax.drafters.base import DraftContext, Stateless, TargetView
 from specjax.trees import Tree
 
