@@ -23,14 +23,14 @@ from specjax import assets, drafters
 from specjax.benchmark import BenchmarkConfig, load_prompts
 from specjax.decoding import generate
 from specjax.drafters import io
-from specjax.drafters.medusa import TREES
+from specjax.drafters.static_tree import TREES
 from specjax.interop.hf import load_target
 from specjax.train.drafter import heldout_scores
 
 
 def tree_options(spec: str, method: str) -> dict:
   """'7' -> a chain of 7 (for every family); '7x3x16' -> EAGLE-2's tree of depth 7, top_k 3 and
-  16 nodes; a name from medusa.TREES -> that static tree (Medusa, Hydra)."""
+  16 nodes; a name from static_tree.TREES -> that static tree (Medusa, Hydra)."""
   static = method in ("medusa", "hydra")
   if spec.isdigit():
     d = int(spec)
@@ -42,7 +42,7 @@ def tree_options(spec: str, method: str) -> dict:
   if static and spec in TREES:
     return dict(choices=spec)
   raise ValueError(f"tree {spec!r} does not fit {method}: use a chain length, "
-                   + ("a name from medusa.TREES" if static else "depth x top_k x total_tokens"))
+                   + ("a name from static_tree.TREES" if static else "depth x top_k x total_tokens"))
 
 
 def parse_drafter(spec: str) -> tuple[str, str | None]:

@@ -17,7 +17,7 @@ import json
 
 from specjax.benchmark import BenchmarkConfig, sweep_trees
 from specjax.drafters import io
-from specjax.drafters.medusa import TREES
+from specjax.drafters.static_tree import TREES
 
 # Chains (top_k 1) first: on a small CPU target each verified node costs a visible fraction of
 # a step, so narrow trees usually win there; wider ones win where verification is nearly free.

@@ -24,7 +24,7 @@ from flax import nnx, struct
 from specjax import trees
 from specjax.drafters import io, learned
 from specjax.drafters.base import DraftContext, TargetView
-from specjax.drafters.medusa import HeadState, StaticTreeDrafter, assemble_static
+from specjax.drafters.static_tree import HeadState, StaticTreeDrafter, assemble_static
 
 
 @dataclasses.dataclass(frozen=True)

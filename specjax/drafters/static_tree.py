@@ -1,0 +1,103 @@
+"""Static trees drafted from the last committed hidden state: what Medusa and Hydra share.
+
+A static tree ("choices", `trees.TreeTemplate`; Cai et al. 2024) is a fixed set of rank paths:
+node (r_1, .., r_d) holds the rank-r_d candidate at depth d below its parent. The drafters read
+the target's hidden state at the last committed position (`HeadState`), the one whose LM-head
+output produced `pending`, and fill the template with their heads' ranked candidates.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from specjax import trees
+from specjax.drafters import learned
+from specjax.drafters.base import Prefill, RoundResult, TargetView
+
+# Named trees for 4 heads ("choices"): wide where the heads are sure, deep along rank 0. Which is
+# fastest depends on how much a node costs to verify (experiments/tune_tree.py measures it).
+TREES = {
+    "chain4": ((0,), (0, 0), (0, 0, 0), (0, 0, 0, 0)),
+    "tree6": ((0,), (1,), (0, 0), (1, 0), (0, 0, 0), (0, 0, 0, 0)),
+    "tree8": ((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 1, 0), (0, 0, 0, 0)),
+    "tree11": ((0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 1, 0),
+               (1, 0, 0), (0, 0, 0, 0)),
+    "tree15": ((0,), (1,), (2,), (3,), (0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (2, 0),
+               (0, 0, 0), (0, 0, 1), (0, 1, 0), (1, 0, 0), (0, 0, 0, 0)),
+}
+DEFAULT_CHOICES = TREES["tree15"]
+
+
+def check_template(template: trees.TreeTemplate, num_heads: int, vocab: int) -> None:
+  if template.max_depth > num_heads:
+    raise ValueError(f"tree depth {template.max_depth} exceeds the drafter's {num_heads} heads")
+  if int(template.rank.max()) >= vocab:
+    raise ValueError(f"tree rank {int(template.rank.max())} >= draft vocabulary {vocab}")
+
+
+@struct.dataclass
+class HeadState:
+  feature: jax.Array  # [B, E] target hidden state at the last committed position
+
+
+def last_feature_at_prefill(prefill: Prefill) -> HeadState:
+  """The feature whose LM-head output produced `pending` (the last prompt position)."""
+  return HeadState(learned.take_rows(prefill.hidden[0], prefill.hist_len - 2))
+
+
+def last_feature_after_round(state: HeadState, result: RoundResult) -> HeadState:
+  """The feature of the last accepted block row: its logits produced the bonus (new pending)."""
+  acc = result.acceptance
+  row = jnp.take_along_axis(acc.path, acc.n_accepted[:, None], axis=1)[:, 0]
+  feature = learned.take_rows(result.hidden[0], row)
+  return HeadState(jnp.where(result.live[:, None], feature, state.feature))
+
+
+@struct.dataclass
+class StaticTreeDrafter(learned.LearnedDrafter):
+  """Heads on the last committed hidden state filling a static template (Medusa, Hydra)."""
+
+  net: object = struct.field(pytree_node=False, default=None)
+  template: trees.TreeTemplate = struct.field(pytree_node=False, default=None)
+  hidden_layers: tuple[int, ...] = struct.field(pytree_node=False, default=())
+  sampled: bool = struct.field(pytree_node=False, default=False)  # top-k children: one-hot q
+
+  @property
+  def num_nodes(self) -> int:
+    return self.template.num_nodes
+
+  def init(self, target: TargetView, prefill: Prefill) -> HeadState:
+    return last_feature_at_prefill(prefill)
+
+  def update(self, target: TargetView, state: HeadState, result: RoundResult) -> HeadState:
+    return last_feature_after_round(state, result)
+
+
+def parse_choices(choices):
+  """Tree paths from a name in TREES, a tuple of paths, or their JSON text (a --set override)."""
+  if choices is None:
+    return None
+  if isinstance(choices, str):
+    if choices in TREES:
+      return TREES[choices]
+    choices = json.loads(choices)
+  return tuple(tuple(int(r) for r in path) for path in choices)
+
+
+def assemble_static(drafter_cls):
+  """`Family.assemble` for static-tree drafters: the template from `choices`, the target's LM
+  head restricted to the draft vocabulary, `recent_tokens` (`LearnedDrafter.recent_vocab`)."""
+
+  def assemble(net, params, d2t, target, hidden_layers, *, choices=None, recent_tokens=0):
+    template = trees.TreeTemplate.from_paths(parse_choices(choices) or DEFAULT_CHOICES)
+    check_template(template, net.num_heads, d2t.shape[0])
+    head = learned.restricted_head(target.config, target.params, d2t).astype(net.dtype)
+    return drafter_cls(params=params, d2t=d2t, head=head,
+                       recent_tokens=learned.check_recent_tokens(recent_tokens), net=net,
+                       template=template, hidden_layers=hidden_layers)
+
+  return assemble
