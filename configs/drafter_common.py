@@ -8,7 +8,8 @@ ROWS = 4096  # self-distilled rows of 64 prompt + 192 generated tokens
 
 
 def drafter_config(method: str, *, train_steps: int, learning_rate: float,
-                   steps: int = STEPS, distill_rows: int = ROWS) -> DrafterTrainConfig:
+                   steps: int = STEPS, distill_rows: int = ROWS,
+                   eval_depth: int = 5) -> DrafterTrainConfig:
   return DrafterTrainConfig(
       method=method,
       optim=OptimConfig(learning_rate=learning_rate, warmup_steps=30, total_steps=steps,
@@ -16,7 +17,7 @@ def drafter_config(method: str, *, train_steps: int, learning_rate: float,
       source="self_distill", distill_rows=distill_rows, distill_prompt_tokens=64,
       distill_new_tokens=192, distill_temperature=0.0, distill_batch=128,
       draft_vocab_size=2048, num_heads=4, train_steps=train_steps, step_decay=0.8,
-      eval_depth=4 if method in ("medusa", "hydra") else 5,
+      eval_depth=eval_depth,
       seq_len=256, batch_size=16, seed=0, log_every=10, eval_every=200, save_every=50,
       eval_rows=64, workdir=f"runs/{method}_stdlib", export_dir=f"specjax/assets/{method}",
       export_dtype="bfloat16")

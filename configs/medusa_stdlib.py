@@ -9,4 +9,4 @@ from configs.drafter_common import drafter_config
 
 
 def get_config():
-  return drafter_config("medusa", train_steps=4, learning_rate=3e-3)
+  return drafter_config("medusa", train_steps=4, learning_rate=3e-3, eval_depth=4)

@@ -16,33 +16,21 @@ drafter and tree on 2 CPU cores.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 
 from specjax import assets, drafters
 from specjax.benchmark import BenchmarkConfig, load_prompts
 from specjax.decoding import generate
-from specjax.drafters import io
-from specjax.drafters.static_tree import TREES
+from specjax.drafters import io, registry
 from specjax.interop.hf import load_target
 from specjax.train.drafter import heldout_scores
 
 
 def tree_options(spec: str, method: str) -> dict:
-  """'7' -> a chain of 7 (for every family); '7x3x16' -> EAGLE-2's tree of depth 7, top_k 3 and
-  16 nodes; a name from static_tree.TREES -> that static tree (Medusa, Hydra)."""
-  static = method in ("medusa", "hydra")
-  if spec.isdigit():
-    d = int(spec)
-    return dict(choices=json.dumps([[0] * i for i in range(1, d + 1)])) if static else dict(
-        depth=d, top_k=1, total_tokens=d)
-  parts = spec.split("x")
-  if not static and len(parts) == 3 and all(p.isdigit() for p in parts):
-    return dict(zip(("depth", "top_k", "total_tokens"), map(int, parts)))
-  if static and spec in TREES:
-    return dict(choices=spec)
-  raise ValueError(f"tree {spec!r} does not fit {method}: use a chain length, "
-                   + ("a name from static_tree.TREES" if static else "depth x top_k x total_tokens"))
+  """Tree options of `method` from a short spec (`Family.tree_options`): '7' is a chain of 7 for
+  every family; EAGLE-style families read '7x3x16' (depth x top_k x total_tokens), static-tree
+  families a tree name."""
+  return registry.family(method).tree_options(spec)
 
 
 def parse_drafter(spec: str) -> tuple[str, str | None]:

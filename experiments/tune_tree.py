@@ -16,28 +16,21 @@ import argparse
 import json
 
 from specjax.benchmark import BenchmarkConfig, sweep_trees
-from specjax.drafters import io
-from specjax.drafters.static_tree import TREES
+from specjax.drafters import io, registry
 
-# Chains (top_k 1) first: on a small CPU target each verified node costs a visible fraction of
-# a step, so narrow trees usually win there; wider ones win where verification is nearly free.
-DYNAMIC = [dict(depth=d, top_k=k, total_tokens=n) for d, k, n in
-           [(4, 1, 4), (5, 1, 5), (6, 1, 6), (7, 1, 7), (4, 2, 6), (5, 2, 8), (6, 2, 10),
-            (5, 3, 10), (7, 3, 16)]]
-STATIC = [dict(choices=name) for name in TREES]
 # The history's recent tokens join the draft vocabulary each round at almost no cost
-# (`recent_tokens`); for the shipped EAGLE, 16, 64 and 256 gave the same tau.
+# (`recent_tokens`): every candidate gets them.
 RECENT_TOKENS = 64
 
 
 def default_candidates(method: str) -> list[dict]:
-  grid = STATIC if method in ("medusa", "hydra") else DYNAMIC
-  return [dict(c, recent_tokens=RECENT_TOKENS) for c in grid]
+  """The family's own grid (`Family.tune_grid`), each with RECENT_TOKENS recent tokens."""
+  return [dict(c, recent_tokens=RECENT_TOKENS) for c in registry.family(method).tune_grid()]
 
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--method", required=True, choices=["medusa", "hydra", "eagle", "eagle3"])
+  parser.add_argument("--method", required=True, choices=registry.families())
   parser.add_argument("--num-prompts", type=int, default=8)
   parser.add_argument("--max-new-tokens", type=int, default=128)
   parser.add_argument("--candidates", default=None,

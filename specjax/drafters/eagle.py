@@ -58,31 +58,29 @@ class EagleNet(nnx.Module):
                       preferred_element_type=jnp.float32)
 
 
-def hidden_layers(target_cfg: ModelConfig) -> tuple[int, ...]:
-  return (target_cfg.num_layers,)
+class EagleFamily(eagle_common.EagleFamily):
+  name = "eagle"
+  description = "one feature-level decoder layer, EAGLE-2 dynamic tree (EAGLE-1/2)"
+  module = EagleNet
+  config_cls = EagleConfig
+  # EAGLE-1's feature regression (weighted by regression_weight) and its feature noise.
+  options = ("regression_weight", "feature_noise")
+
+  def make_config(self, target_cfg, *, draft_vocab_size, num_features, **_) -> EagleConfig:
+    del draft_vocab_size, num_features  # the target's head; one feature, the final state
+    return EagleConfig(target_cfg.replace(num_layers=1, attention_impl="xla"))
+
+  def depth_logits(self, net, params, x, num_steps, *, train=False):
+    """logits[s] for the token at t + s + 2, unrolled on the drafter's own outputs; in
+    training also EAGLE's feature regression of the step-0 output h_t onto the clean target
+    feature f_{t+1} (smooth L1, averaged over positions and feature dimensions)."""
+    module = learned.merge(EagleNet, net, params)
+    logits, outs = eagle_common.unroll(module, x.feats, x.tokens, x.emb, x.head, num_steps)
+    if not train:
+      return logits, jnp.zeros((), jnp.float32)
+    err = (outs[0][:, :-1] - x.clean[:, 1:]).astype(jnp.float32)
+    smooth_l1 = jnp.where(jnp.abs(err) < 1.0, 0.5 * err**2, jnp.abs(err) - 0.5)
+    return logits, smooth_l1.mean()
 
 
-def make_config(target_cfg: ModelConfig, **_) -> EagleConfig:
-  return EagleConfig(target_cfg.replace(num_layers=1, attention_impl="xla"))
-
-
-def depth_logits(net: EagleConfig, params, head, feats, tokens, emb_table, num_steps: int,
-                 regression: bool = True, clean: jax.Array | None = None):
-  """Training view: logits[s] for the token at t + s + 2 (unrolled on the drafter's outputs),
-  and EAGLE's feature regression of the step-0 output h_t onto f_{t+1}; `clean`: the noiseless
-  features the regression aims at when `feats` carry training noise (default: feats)."""
-  module = learned.merge(EagleNet, net, params)
-  logits, outs = eagle_common.unroll(module, feats, tokens, emb_table, head, num_steps)
-  if not regression:
-    return logits, jnp.zeros((), jnp.float32)
-  clean = feats if clean is None else clean
-  err = (outs[0][:, :-1] - clean[:, 1:]).astype(jnp.float32)
-  smooth_l1 = jnp.where(jnp.abs(err) < 1.0, 0.5 * err**2, jnp.abs(err) - 0.5)
-  return logits, smooth_l1.mean()  # EAGLE averages over positions and feature dimensions
-
-
-FAMILY = io.register_family(io.Family(
-    name="eagle", module=EagleNet, config_cls=EagleConfig, hidden_layers=hidden_layers,
-    make_config=make_config, assemble=eagle_common.assembler(EagleNet, uses_target_head=True),
-    depth_logits=depth_logits, uses_target_head=True),
-    description="one feature-level decoder layer, EAGLE-2 dynamic tree (EAGLE-1/2)")
+FAMILY = io.register_family(EagleFamily())

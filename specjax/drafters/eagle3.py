@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from specjax.drafters import eagle_common, io, learned
+from specjax.models import decoder
 from specjax.models.config import ModelConfig
 from specjax.models.layers import RMSNorm
 
@@ -66,34 +67,58 @@ class Eagle3Net(nnx.Module):
     return self.lm_head(self.head_input(h)).astype(jnp.float32)
 
 
-def hidden_layers(target_cfg: ModelConfig) -> tuple[int, ...]:
-  """Low, middle and high taps: outputs of layers L // 3 and 2L // 3, and the final state L.
+class Eagle3Family(eagle_common.EagleFamily):
+  name = "eagle3"
+  description = "fused low/mid/high features, own draft head, training-time test (EAGLE-3)"
+  module = Eagle3Net
+  config_cls = Eagle3Config
+  uses_target_head = False  # its own norm and LM head over the draft vocabulary
+  # Taps (`target_layers`), the head ablation (`frozen_head`) and feature noise.
+  options = ("target_layers", "frozen_head", "feature_noise")
 
-  EAGLE-3 taps the inputs of layers 2, L // 2 and L - 3 of a deep target, where the last three
-  layers are a small part of the network. On the 6-layer embedded target the layer below the top
-  would leave out a sixth of it: a drafter fed (1, 3, 5) agreed with the target slightly less
-  than EAGLE reading the final state alone (tau 3.22 vs 3.35 on HumanEval at 8 nodes), so the
-  high tap is the final (normed) state, the one the target's LM head reads.
-  """
-  n = target_cfg.num_layers
-  return (max(1, n // 3), max(1, 2 * n // 3), n)
+  def default_taps(self, target_cfg: ModelConfig) -> tuple[int, ...]:
+    """Low, middle and high taps: outputs of layers L // 3 and 2L // 3, and the final state L.
+
+    EAGLE-3 taps the inputs of layers 2, L // 2 and L - 3 of a deep target, where the last
+    three layers are a small part of the network. On a shallow target the layer below the top
+    would leave out a large part of it, so the high tap is the final (normed) state, the one the
+    target's LM head reads.
+    """
+    n = target_cfg.num_layers
+    return (max(1, n // 3), max(1, 2 * n // 3), n)
+
+  def make_config(self, target_cfg, *, draft_vocab_size, num_features, **_) -> Eagle3Config:
+    return Eagle3Config(target_cfg.replace(num_layers=1, attention_impl="xla"), num_features,
+                        draft_vocab_size)
+
+  def check_training(self, cfg) -> None:
+    if cfg.train_steps < 3:
+      raise ValueError(f"EAGLE-3's training-time test needs train_steps >= 3, got "
+                       f"{cfg.train_steps}")
+
+  def init_params(self, net, target, d2t, seed: int):
+    """EAGLE-3's own head and final norm start as the target's (restricted to d2t)."""
+    model = learned.merge(Eagle3Net, net, learned.init_params(Eagle3Net, net, seed))
+    # Copies: the training state is donated, the target's buffers must survive it.
+    model.lm_head.kernel[...] = jnp.copy(
+        learned.restricted_head(target.config, target.params, d2t))
+    model.norm.weight[...] = jnp.copy(nnx.merge(decoder.graphdef(target.config),
+                                                target.params).norm.weight[...])
+    return nnx.split(model)[1]
+
+  def frozen_leaves(self, cfg):
+    """Under `frozen_head`, the head (`norm`, `lm_head`) stays the target's: EAGLE's frozen head
+    on EAGLE-3's layer."""
+    if not cfg.frozen_head:
+      return None
+    return lambda params: jax.tree_util.tree_map_with_path(
+        lambda path, _: getattr(path[0], "key", None) in ("norm", "lm_head"), params)
+
+  def depth_logits(self, net, params, x, num_steps, *, train=False):
+    """logits[s] for the token at t + s + 2 from the training-time-test unroll."""
+    module = learned.merge(Eagle3Net, net, params)
+    logits, _ = eagle_common.unroll(module, x.feats, x.tokens, x.emb, None, num_steps)
+    return logits, jnp.zeros((), jnp.float32)
 
 
-def make_config(target_cfg: ModelConfig, *, draft_vocab_size: int, num_features: int = 3,
-                **_) -> Eagle3Config:
-  return Eagle3Config(target_cfg.replace(num_layers=1, attention_impl="xla"), num_features,
-                      draft_vocab_size)
-
-
-def depth_logits(net: Eagle3Config, params, head, feats, tokens, emb_table, num_steps: int):
-  """Training view: logits[s] for the token at t + s + 2 from the training-time-test unroll."""
-  module = learned.merge(Eagle3Net, net, params)
-  logits, _ = eagle_common.unroll(module, feats, tokens, emb_table, None, num_steps)
-  return logits, jnp.zeros((), jnp.float32)
-
-
-FAMILY = io.register_family(io.Family(
-    name="eagle3", module=Eagle3Net, config_cls=Eagle3Config, hidden_layers=hidden_layers,
-    make_config=make_config, assemble=eagle_common.assembler(Eagle3Net, uses_target_head=False),
-    depth_logits=depth_logits, uses_target_head=False),
-    description="fused low/mid/high features, own draft head, training-time test (EAGLE-3)")
+FAMILY = io.register_family(Eagle3Family())

@@ -252,20 +252,40 @@ def check_tree_options(depth: int, top_k: int, total_tokens: int, vocab: int) ->
                      f"{top_k}, got {total_tokens}")
 
 
-def assembler(module, *, uses_target_head: bool):
-  """`Family.assemble` for EAGLE-style drafters: tree options `depth`, `top_k`, `total_tokens`,
-  and `recent_tokens` (`LearnedDrafter.recent_vocab`); families that draft through the target's
-  LM head get it restricted to the draft vocabulary."""
+# Chains (top_k 1) first: where each verified node costs a visible fraction of a target step,
+# narrow trees win; wider ones win where verification is nearly free (an accelerator).
+TUNE_GRID = tuple(dict(depth=d, top_k=k, total_tokens=n) for d, k, n in
+                  [(4, 1, 4), (5, 1, 5), (6, 1, 6), (7, 1, 7), (4, 2, 6), (5, 2, 8), (6, 2, 10),
+                   (5, 3, 10), (7, 3, 16)])
 
-  def assemble(net, params, d2t, target, hidden_layers, *, depth: int = 6, top_k: int = 4,
+
+class EagleFamily(learned.Family):
+  """The family protocol's shared half for EAGLE-style drafters (EAGLE-2's dynamic tree):
+  subclasses set the network (`module`, `config_cls`, `make_config`) and `depth_logits`."""
+
+  def assemble(self, net, params, d2t, target, hidden_layers, *, depth: int = 6, top_k: int = 4,
                total_tokens: int = 16, recent_tokens: int = 0) -> EagleDrafter:
+    """Tree options `depth`, `top_k`, `total_tokens` (EAGLE-2's dynamic tree) and
+    `recent_tokens` (`LearnedDrafter.recent_vocab`); families that draft through the target's
+    LM head get it restricted to the draft vocabulary."""
     depth, top_k, total_tokens = int(depth), int(top_k), int(total_tokens)
     check_tree_options(depth, top_k, total_tokens, d2t.shape[0])
     head = learned.restricted_head(target.config, target.params, d2t).astype(
-        net.dtype) if uses_target_head else None
+        net.dtype) if self.uses_target_head else None
     return EagleDrafter(params=params, d2t=d2t, head=head,
-                        recent_tokens=learned.check_recent_tokens(recent_tokens), module=module,
-                        net=net, depth=depth, top_k=top_k, total_tokens=total_tokens,
-                        hidden_layers=hidden_layers)
+                        recent_tokens=learned.check_recent_tokens(recent_tokens),
+                        module=self.module, net=net, depth=depth, top_k=top_k,
+                        total_tokens=total_tokens, hidden_layers=hidden_layers)
 
-  return assemble
+  def tree_options(self, spec: str) -> dict:
+    """'d': a chain of d nodes; 'd x k x n' (e.g. '7x3x16'): depth d, top_k k, n nodes."""
+    if spec.isdigit():
+      return dict(depth=int(spec), top_k=1, total_tokens=int(spec))
+    parts = spec.split("x")
+    if len(parts) == 3 and all(p.isdigit() for p in parts):
+      return dict(zip(("depth", "top_k", "total_tokens"), map(int, parts)))
+    raise ValueError(f"tree {spec!r} does not fit {self.name}: use a chain length or "
+                     "depth x top_k x total_tokens (e.g. 7x3x16)")
+
+  def tune_grid(self) -> list[dict]:
+    return [dict(c) for c in TUNE_GRID]

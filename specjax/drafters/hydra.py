@@ -22,9 +22,9 @@ import numpy as np
 from flax import nnx, struct
 
 from specjax import trees
-from specjax.drafters import io, learned
+from specjax.drafters import io, learned, static_tree
 from specjax.drafters.base import DraftContext, TargetView
-from specjax.drafters.static_tree import HeadState, StaticTreeDrafter, assemble_static
+from specjax.drafters.static_tree import HeadState, StaticTreeDrafter
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,26 +105,25 @@ class Hydra(StaticTreeDrafter):
     return self.template.tree(tokens), state, ctx.cache
 
 
-def depth_logits(net: HydraConfig, params, head, feats, tokens, emb_table, num_steps: int):
-  """Training view: logits[s, b, t] for the token at t + s + 2, head s + 1 conditioned on the
-  true tokens x_{t+1} .. x_{t+s+1} (teacher forcing; rows past the end see zero embeddings)."""
-  heads = learned.merge(HydraHeads, net, params).heads
-  b, t = tokens.shape
-  shifted = [jnp.take(emb_table, jnp.pad(tokens[:, j:], ((0, 0), (0, j))), axis=0)
-             * (jnp.arange(t) < t - j)[None, :, None] for j in range(1, num_steps + 1)]
-  out = []
-  for s in range(num_steps):
-    h = heads[s](feats, jnp.stack(shifted[:s + 1], axis=2))
-    out.append(jnp.einsum("BTE,EV->BTV", h, head, preferred_element_type=jnp.float32))
-  return jnp.stack(out), jnp.zeros((), jnp.float32)
+class HydraFamily(static_tree.StaticTreeFamily):
+  name = "hydra"
+  description = "Medusa heads conditioned on the tokens drafted before them (Hydra)"
+  module = HydraHeads
+  config_cls = HydraConfig
+  drafter_cls = Hydra
+
+  def depth_logits(self, net, params, x, num_steps, *, train=False):
+    """Head s + 1 on the feature at t, conditioned on the true tokens t + 1 .. t + s + 1
+    (teacher forcing; rows past the end see zero embeddings), predicts the token at t + s + 2."""
+    heads = learned.merge(HydraHeads, net, params).heads
+    t = x.tokens.shape[1]
+    shifted = [jnp.take(x.emb, jnp.pad(x.tokens[:, j:], ((0, 0), (0, j))), axis=0)
+               * (jnp.arange(t) < t - j)[None, :, None] for j in range(1, num_steps + 1)]
+    out = []
+    for s in range(num_steps):
+      h = heads[s](x.feats, jnp.stack(shifted[:s + 1], axis=2))
+      out.append(jnp.einsum("BTE,EV->BTV", h, x.head, preferred_element_type=jnp.float32))
+    return jnp.stack(out), jnp.zeros((), jnp.float32)
 
 
-def _make_config(target_cfg, *, num_heads: int = 4, **_) -> HydraConfig:
-  return HydraConfig(target_cfg.hidden_size, num_heads)
-
-
-FAMILY = io.register_family(io.Family(
-    name="hydra", module=HydraHeads, config_cls=HydraConfig,
-    hidden_layers=lambda cfg: (cfg.num_layers,), make_config=_make_config,
-    assemble=assemble_static(Hydra), depth_logits=depth_logits, uses_target_head=True),
-    description="Medusa heads conditioned on the tokens drafted before them (Hydra)")
+FAMILY = io.register_family(HydraFamily())

@@ -29,7 +29,7 @@ from safetensors.flax import save_file
 
 from specjax import assets
 from specjax.drafters import learned
-from specjax.drafters.registry import register
+from specjax.drafters import registry
 from specjax.models.config import ModelConfig
 
 CONFIG = "config.json"
@@ -37,43 +37,25 @@ WEIGHTS = "model.safetensors"
 METADATA = "metadata.json"
 
 
-@dataclasses.dataclass(frozen=True)
-class Family:
-  """A learned drafter family: its network, how it reads the target and how it is assembled."""
-
-  name: str
-  module: type  # the nnx.Module of its network, built from `config_cls`
-  config_cls: type
-  hidden_layers: Callable[[ModelConfig], tuple[int, ...]]  # target taps for a target config
-  make_config: Callable[..., Any]  # (target_cfg, **training options) -> network config
-  # (net_cfg, params, d2t, target, hidden_layers, **tree_options) -> the drafter pytree
-  assemble: Callable[..., Any]
-  # (net_cfg, params, head, feats, tokens, emb_table, num_steps) -> (logits[S, B, T, Vd], aux)
-  depth_logits: Callable[..., Any]
-  uses_target_head: bool  # drafts through the target's LM head restricted to the draft vocab
-
-
-FAMILIES: dict[str, Family] = {}
-
-
-def register_family(family: Family, description: str) -> Family:
-  """Adds a learned family and registers its drafter builder (`specjax.drafters.build(name,
-  target, path=None, **tree_options)`), usable when a drafter was shipped for the target."""
-  FAMILIES[family.name] = family
+def register_family(fam: learned.Family) -> learned.Family:
+  """Registers a learned family: its drafter builder (`specjax.drafters.build(name, target,
+  path=None, **tree_options)`, usable when a drafter was shipped for the target) and the family
+  object that training, loading, tree tuning and comparison look up by name."""
+  for attr in ("name", "module", "config_cls"):
+    if not hasattr(fam, attr):
+      raise ValueError(f"learned family {type(fam).__name__} does not set {attr!r}")
 
   def build(target, *, path: str | None = None, **tree_options):
-    return load_drafter(path or asset_dir(family.name), target, **tree_options)
+    return load_drafter(path or asset_dir(fam.name), target, **tree_options)
 
-  build.__doc__ = (f"path: a {family.name} folder (default: the one shipped for the embedded "
+  build.__doc__ = (f"path: a {fam.name} folder (default: the one shipped for the embedded "
                    "target); tree_options override its default tree.")
-  register(family.name, usable=shipped_usable(family.name), description=description)(build)
-  return family
+  registry.register(fam.name, usable=shipped_usable(fam.name), description=fam.description,
+                    family=fam)(build)
+  return fam
 
 
-def family(name: str) -> Family:
-  if name not in FAMILIES:
-    raise ValueError(f"unknown learned drafter method {name!r}; known: {sorted(FAMILIES)}")
-  return FAMILIES[name]
+family = registry.family
 
 
 def _net_to_dict(net) -> dict[str, Any]:
@@ -111,7 +93,7 @@ def save_drafter(path: str | os.PathLike, method: str, net, params: nnx.State, d
   config = {
       "method": method,
       "net": _net_to_dict(net.with_dtype(dtype) if dtype else net),
-      "hidden_layers": list(fam.hidden_layers(target_cfg) if hidden_layers is None
+      "hidden_layers": list(fam.default_taps(target_cfg) if hidden_layers is None
                             else hidden_layers),
       "draft_vocab_size": int(np.asarray(d2t).size),
       "target": {"architecture": target_cfg.architecture, "vocab_size": target_cfg.vocab_size,
@@ -199,21 +181,23 @@ def set_default_tree(path: str | os.PathLike, **tree_options) -> None:
     json.dump(config, f, indent=2)
 
 
-def init_drafter(method: str, target, *, seed: int = 0, d2t=None, num_heads: int = 4,
-                 **tree_options):
-  """An untrained drafter of `method` for `target` (what training starts from; tests use it).
+def init_drafter(method: str, target, *, seed: int = 0, d2t=None, **tree_options):
+  """An untrained drafter of `method` for `target`, its network at the module's own
+  initialisation and the family's default taps and options (tests use it).
 
   d2t: the draft vocabulary as target ids (default: the whole target vocabulary)."""
   fam = family(method)
   d2t = jnp.arange(target.config.vocab_size, dtype=jnp.int32) if d2t is None else jnp.asarray(
       d2t, jnp.int32)
-  net = fam.make_config(target.config, num_heads=num_heads,
-                        draft_vocab_size=int(d2t.shape[0])).with_dtype(target.config.dtype)
+  taps = fam.default_taps(target.config)
+  net = fam.make_config(target.config, draft_vocab_size=int(d2t.shape[0]),
+                        num_features=len(taps)).with_dtype(target.config.dtype)
   params = learned.init_params(fam.module, net, seed)
-  return fam.assemble(net, params, d2t, target, fam.hidden_layers(target.config), **tree_options)
+  return fam.assemble(net, params, d2t, target, taps, **tree_options)
 
 
-def params_from_tensors(fam: Family, net, tensors: dict[str, np.ndarray], path) -> nnx.State:
+def params_from_tensors(fam: learned.Family, net, tensors: dict[str, np.ndarray], path
+                        ) -> nnx.State:
   abstract = learned.abstract_params(fam.module, net)
   flat = []
   for key, var in nnx.to_flat_state(abstract):

@@ -9,13 +9,17 @@
     `nnx.merge` (the decoder's idiom), with a hashable config that is a static jit argument.
   * Target pieces the heads read: the input embedding, the (restricted) unembedding, and the
     features of chosen hidden layers concatenated along E.
+  * `Family`: everything family-specific that the generic trainer (specjax.train.drafter), the
+    loader (specjax.drafters.io), the tree tuner and the drafter comparison need, on one object
+    defined in the family's own file. Nothing outside a family's file branches on its name.
 """
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import functools
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -217,3 +221,98 @@ def asdict_static(cfg: Any) -> dict[str, Any]:
     out[f.name] = v.to_hf_dict() if isinstance(v, ModelConfig) else (
         list(v) if isinstance(v, tuple) else v)
   return out
+
+
+# ------------------------------------------------------------------------------------------------
+# The family protocol
+
+
+@dataclasses.dataclass(frozen=True)
+class DepthInputs:
+  """What a family's training view (`Family.depth_logits`) reads for a batch of token rows."""
+
+  feats: jax.Array  # [B, T, F] target features of the taps as the drafter reads them (noised
+  #                   in training when the run asks for feature noise)
+  clean: jax.Array  # [B, T, F] the same features without training noise (regression targets)
+  tokens: jax.Array  # int32[B, T]
+  emb: jax.Array  # [V, E] the target's input embedding (frozen)
+  head: jax.Array | None  # [E, Vd] the target's LM head over the draft vocabulary, for families
+  #                         that draft through it (`Family.uses_target_head`), else None
+
+
+class Family(abc.ABC):
+  """A learned drafter family. Subclass it in the family's file and register one instance with
+  `specjax.drafters.io.register_family`; the trainer, loader, tuner and comparison then serve it.
+
+  Attributes:
+    name, description: registry name and one line for listings.
+    module: the family's network, an nnx.Module built as `module(net_cfg, rngs)`.
+    config_cls: its network config, a frozen dataclass with `dtype` and `with_dtype(dtype)`
+      (saved in the drafter folder's config.json as "net").
+    uses_target_head: drafts through the target's frozen LM head restricted to the draft
+      vocabulary (`restricted_head`), which training and loading then provide as `head`.
+    options: the family-specific fields of the training config it reads (among `num_heads`,
+      `regression_weight`, `feature_noise`, `target_layers`, `frozen_head`); the trainer refuses
+      a run that sets any other one away from its default.
+  """
+
+  name: str
+  description: str = ""
+  module: type
+  config_cls: type
+  uses_target_head: bool = True
+  options: tuple[str, ...] = ()
+
+  # -- network -------------------------------------------------------------------------------
+
+  def default_taps(self, target_cfg: ModelConfig) -> tuple[int, ...]:
+    """Target hidden-state indices read when training names none (0 = embeddings, i = output
+    of layer i, L = final normed state): by default the final state, the LM head's input."""
+    return (target_cfg.num_layers,)
+
+  @abc.abstractmethod
+  def make_config(self, target_cfg: ModelConfig, *, draft_vocab_size: int, num_features: int,
+                  **options):
+    """The network config for a target; `options` are the family's training options (defaults
+    when building an untrained drafter)."""
+
+  def init_params(self, net, target, d2t, seed: int) -> nnx.State:
+    """Training's starting point (default: the module's own initialisation)."""
+    del target, d2t
+    return init_params(self.module, net, seed)
+
+  # -- training ------------------------------------------------------------------------------
+
+  def check_training(self, cfg) -> None:
+    """Raises ValueError for a training config (`DrafterTrainConfig`) this family cannot run."""
+
+  def frozen_leaves(self, cfg) -> Callable[[Any], Any] | None:
+    """`params -> bool per leaf`: the leaves training keeps fixed under `cfg`, or None."""
+    del cfg
+    return None
+
+  @abc.abstractmethod
+  def depth_logits(self, net, params, x: DepthInputs, num_steps: int, *, train: bool = False
+                   ) -> tuple[jax.Array, jax.Array]:
+    """The training view: (logits float32[num_steps, B, T, Vd], aux loss scalar).
+
+    logits[s, b, t] is the family's draft distribution for the token at t + s + 2, made from
+    the state a depth-(s + 1) tree node would have at inference after position t. aux is the
+    family's auxiliary loss (weighted by the run's `regression_weight`); `train` is False for
+    evaluation, where only the logits are used."""
+
+  # -- inference -----------------------------------------------------------------------------
+
+  @abc.abstractmethod
+  def assemble(self, net, params: nnx.State, d2t: jax.Array, target, hidden_layers,
+               **tree_options):
+    """The drafter pytree from loaded (or fresh) params; tree_options shape its tree."""
+
+  @abc.abstractmethod
+  def tree_options(self, spec: str) -> dict[str, Any]:
+    """Tree options from a short spec (`experiments.compare_drafters --trees`); every family
+    reads a plain integer d as a chain of d nodes."""
+
+  @abc.abstractmethod
+  def tune_grid(self) -> list[dict[str, Any]]:
+    """The tree option sets `experiments.tune_tree` tries by default."""

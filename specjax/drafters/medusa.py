@@ -19,9 +19,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
-from specjax.drafters import io, learned
+from specjax.drafters import io, learned, static_tree
 from specjax.drafters.base import DraftContext, TargetView
-from specjax.drafters.static_tree import HeadState, StaticTreeDrafter, assemble_static
+from specjax.drafters.static_tree import HeadState, StaticTreeDrafter
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,20 +63,19 @@ class Medusa(StaticTreeDrafter):
     return self.template.tree(self.to_target_ids(picked, recent)), state, ctx.cache
 
 
-def depth_logits(net: MedusaConfig, params, head, feats, tokens, emb_table, num_steps: int):
-  """Training view: logits[s, b, t] over the draft vocabulary for the token at t + s + 2."""
-  h = learned.merge(MedusaHeads, net, params)(feats)  # [B, T, K, E]
-  logits = jnp.einsum("BTKE,EV->KBTV", h[:, :, :num_steps], head,
-                      preferred_element_type=jnp.float32)
-  return logits, jnp.zeros((), jnp.float32)
+class MedusaFamily(static_tree.StaticTreeFamily):
+  name = "medusa"
+  description = "K residual heads on the last hidden state, static tree (Medusa-1)"
+  module = MedusaHeads
+  config_cls = MedusaConfig
+  drafter_cls = Medusa
+
+  def depth_logits(self, net, params, x, num_steps, *, train=False):
+    """Head s + 1 on the feature at t predicts the token at t + s + 2."""
+    h = learned.merge(MedusaHeads, net, params)(x.feats)  # [B, T, K, E]
+    logits = jnp.einsum("BTKE,EV->KBTV", h[:, :, :num_steps], x.head,
+                        preferred_element_type=jnp.float32)
+    return logits, jnp.zeros((), jnp.float32)
 
 
-def _make_config(target_cfg, *, num_heads: int = 4, **_) -> MedusaConfig:
-  return MedusaConfig(target_cfg.hidden_size, num_heads)
-
-
-FAMILY = io.register_family(io.Family(
-    name="medusa", module=MedusaHeads, config_cls=MedusaConfig,
-    hidden_layers=lambda cfg: (cfg.num_layers,), make_config=_make_config,
-    assemble=assemble_static(Medusa), depth_logits=depth_logits, uses_target_head=True),
-    description="K residual heads on the last hidden state, static tree (Medusa-1)")
+FAMILY = io.register_family(MedusaFamily())

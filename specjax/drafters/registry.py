@@ -3,6 +3,7 @@
   registry.register("name", usable=..., description=...)(builder)   # builder(target, **options)
   registry.available(target) -> names usable with this target
   registry.build(name, target, **options) -> a drafter for generate(..., drafter=...)
+  registry.family(name) -> the learned family object behind a name (`learned.Family`)
 
 Family files import this module (never the package facade `specjax.drafters`, which imports the
 family files to register them).
@@ -11,7 +12,7 @@ family files to register them).
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from typing import Any, Callable
 
 from specjax.drafters.base import Drafter
 from specjax.target import Target
@@ -22,20 +23,29 @@ class _Entry:
   build: Callable[..., Drafter]
   usable: Callable[[Target], bool]
   description: str
+  family: Any = None  # the learned family (specjax.drafters.learned.Family), if it is one
 
 
 _REGISTRY: dict[str, _Entry] = {}
 
 
 def register(name: str, *, usable: Callable[[Target], bool] = lambda target: True,
-             description: str = ""):
-  """Decorator registering `builder(target, **options) -> Drafter` under `name`."""
+             description: str = "", family: Any = None):
+  """Decorator registering `builder(target, **options) -> Drafter` under `name` (a name
+  registered again is replaced: re-running a notebook cell redefines the drafter)."""
 
   def wrap(builder):
-    _REGISTRY[name] = _Entry(builder, usable, description or (builder.__doc__ or "").strip())
+    _REGISTRY[name] = _Entry(builder, usable, description or (builder.__doc__ or "").strip(),
+                             family)
     return builder
 
   return wrap
+
+
+def unregister(name: str) -> None:
+  """Removes `name` (a drafter registered for a test or a notebook session)."""
+  _entry(name)
+  del _REGISTRY[name]
 
 
 def names() -> list[str]:
@@ -45,6 +55,19 @@ def names() -> list[str]:
 def available(target: Target) -> list[str]:
   """Registered drafters that can run with `target` (e.g. a trained drafter exists for it)."""
   return [n for n in names() if _REGISTRY[n].usable(target)]
+
+
+def families() -> list[str]:
+  """Names of the registered learned families (those that train, export and load)."""
+  return [n for n in names() if _REGISTRY[n].family is not None]
+
+
+def family(name: str):
+  """The learned family object registered under `name`."""
+  entry = _REGISTRY.get(name)
+  if entry is None or entry.family is None:
+    raise ValueError(f"unknown learned drafter method {name!r}; known: {families()}")
+  return entry.family
 
 
 def describe(name: str) -> str:

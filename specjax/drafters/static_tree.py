@@ -4,6 +4,8 @@ A static tree ("choices", `trees.TreeTemplate`; Cai et al. 2024) is a fixed set 
 node (r_1, .., r_d) holds the rank-r_d candidate at depth d below its parent. The drafters read
 the target's hidden state at the last committed position (`HeadState`), the one whose LM-head
 output produced `pending`, and fill the template with their heads' ranked candidates.
+`StaticTreeFamily` is the family protocol's shared half for such drafters: one head per depth
+(`num_heads`), trees named in TREES or given as choices.
 """
 
 from __future__ import annotations
@@ -88,16 +90,44 @@ def parse_choices(choices):
   return tuple(tuple(int(r) for r in path) for path in choices)
 
 
-def assemble_static(drafter_cls):
-  """`Family.assemble` for static-tree drafters: the template from `choices`, the target's LM
-  head restricted to the draft vocabulary, `recent_tokens` (`LearnedDrafter.recent_vocab`)."""
+class StaticTreeFamily(learned.Family):
+  """A head-per-depth family over static trees; subclasses set `drafter_cls` (its pytree, a
+  `StaticTreeDrafter`), the network (`module`, `config_cls`) and `depth_logits`."""
 
-  def assemble(net, params, d2t, target, hidden_layers, *, choices=None, recent_tokens=0):
+  drafter_cls: type
+  options = ("num_heads",)
+
+  def make_config(self, target_cfg, *, draft_vocab_size: int, num_features: int,
+                  num_heads: int = 4, **_):
+    del draft_vocab_size, num_features  # the heads read one feature and the target's head
+    return self.config_cls(target_cfg.hidden_size, num_heads)
+
+  def check_training(self, cfg) -> None:
+    deepest = max(cfg.train_steps, cfg.eval_depth)
+    if deepest > cfg.num_heads:
+      raise ValueError(f"{self.name} has {cfg.num_heads} heads (num_heads): train_steps and "
+                       f"eval_depth must not exceed it, got {deepest}")
+
+  def assemble(self, net, params, d2t, target, hidden_layers, *, choices=None,
+               recent_tokens: int = 0):
+    """Tree options: `choices` (a name in TREES, rank paths, or their JSON text; default
+    tree15) and `recent_tokens` (`LearnedDrafter.recent_vocab`). The heads draft through the
+    target's LM head restricted to the draft vocabulary."""
     template = trees.TreeTemplate.from_paths(parse_choices(choices) or DEFAULT_CHOICES)
     check_template(template, net.num_heads, d2t.shape[0])
     head = learned.restricted_head(target.config, target.params, d2t).astype(net.dtype)
-    return drafter_cls(params=params, d2t=d2t, head=head,
-                       recent_tokens=learned.check_recent_tokens(recent_tokens), net=net,
-                       template=template, hidden_layers=hidden_layers)
+    return self.drafter_cls(params=params, d2t=d2t, head=head,
+                            recent_tokens=learned.check_recent_tokens(recent_tokens), net=net,
+                            template=template, hidden_layers=hidden_layers)
 
-  return assemble
+  def tree_options(self, spec: str) -> dict:
+    """'d': a chain of d nodes; a name in TREES: that tree."""
+    if spec.isdigit():
+      return dict(choices=json.dumps([[0] * i for i in range(1, int(spec) + 1)]))
+    if spec in TREES:
+      return dict(choices=spec)
+    raise ValueError(f"tree {spec!r} does not fit {self.name}: use a chain length or one of "
+                     f"{sorted(TREES)}")
+
+  def tune_grid(self) -> list[dict]:
+    return [dict(choices=name) for name in TREES]

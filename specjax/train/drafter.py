@@ -1,19 +1,20 @@
-"""Training learned drafters (Medusa, Hydra, EAGLE, EAGLE-3) against a frozen target.
+"""Training learned drafters against a frozen target, for any registered learned family.
 
 Every step runs the frozen target on a batch of token rows to get, online, the features the
-drafter reads (its `hidden_layers`) and the target's distribution, then trains the drafter's
-`depth_logits` view: logits[s, b, t] over the draft vocabulary for the token at t + s + 2 (Medusa
-head s + 1; Hydra head s + 1 on the true tokens; EAGLE's step s of the training-time-test unroll).
+drafter reads (its taps) and the target's distribution, then trains the family's training view
+(`Family.depth_logits`): logits[s, b, t] over the draft vocabulary for the token at t + s + 2,
+from the state a depth-(s + 1) tree node would have after position t (a head per depth, or a
+feature-level layer unrolled on its own outputs). What is family-specific (network, taps, options,
+checks, initialisation, frozen leaves) comes from the family object; nothing here names one.
 
 Loss (soft targets, forward KL up to a constant): for each step s, the cross-entropy
 -sum_v p(v) log q_s(v) where p is the target's distribution renormalised over the draft vocabulary
 (EAGLE-3's convention), averaged over positions whose target argmax lies in the draft vocabulary
-(a drafter cannot propose the others), weighted decay^s and summed; plus EAGLE-1's feature
-regression (`chain_loss` keeps only the starts whose shallower drafts all agreed). Held-out
+(a drafter cannot propose the others), weighted decay^s and summed; plus the family's auxiliary
+loss, e.g. EAGLE-1's feature regression (`chain_loss` keeps only the starts whose shallower drafts all agreed). Held-out
 evaluation reports top-1 agreement with the target per draft depth: the fraction of positions
 where the drafter's argmax (mapped to target ids) equals the target's argmax, for the depth-d
-prediction made from the state a tree of depth d - 1 would give it (EAGLE unrolls on its own
-outputs; Medusa and Hydra use head d); and chain tau, 1 + sum_d P(depths 1..d all agree), the
+prediction of the training view; and chain tau, 1 + sum_d P(depths 1..d all agree), the
 acceptance a chain gets (per-depth agreement also counts deep hits after a miss).
 
 Data: packed rows of the stdlib corpus, or self-distillation: continuations the target itself
@@ -33,11 +34,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 from specjax import decoding
 from specjax.data import pipeline, stdlib_code
-from specjax.drafters import io, learned
+from specjax.drafters import io, learned, registry
 from specjax.interop.hf import load_target
 from specjax.models import decoder
 from specjax.target import Target
@@ -46,9 +46,15 @@ from specjax.train.optim import OptimConfig, make_optimizer
 from specjax.train.target_lm import jsonable
 
 
+# Fields of `DrafterTrainConfig` that only some families read (`Family.options`): a run that sets
+# one away from its default for a family that does not read it is refused, not silently ignored.
+FAMILY_OPTIONS = ("num_heads", "regression_weight", "feature_noise", "target_layers",
+                  "frozen_head")
+
+
 @dataclasses.dataclass(frozen=True)
 class DrafterTrainConfig:
-  method: str  # medusa | hydra | eagle | eagle3
+  method: str  # a registered learned family (specjax.drafters.registry.families())
   optim: OptimConfig
   target_path: str | None = None  # HF folder of the target (default: the shipped target)
   source: str = "corpus"  # "corpus" | "self_distill"
@@ -63,25 +69,25 @@ class DrafterTrainConfig:
   distill_batch: int = 64
   distill_cache: str = "runs/self_distill"  # shared by runs: same key, same rows
   draft_vocab_size: int = 2048  # most frequent target tokens of the training data
-  num_heads: int = 4  # Medusa / Hydra heads
-  train_steps: int = 4  # depths trained: Medusa/Hydra heads; EAGLE 1; EAGLE-3 TTT steps (>= 3)
+  train_steps: int = 4  # depths of the training view that are trained (1 = the next draft only)
   step_decay: float = 0.8  # weight of depth s: decay^s
-  regression_weight: float = 1.0  # EAGLE-1's feature regression (ignored by the others)
-  # EAGLE's feature augmentation: uniform noise in [-a, a] on the target features the drafter
-  # reads (not on what its regression aims at), so the features it rolls forward on at inference,
-  # its own and never exact, are not out of distribution. 0 = none.
-  feature_noise: float = 0.0
-  # EAGLE-3's taps: target hidden states fused (0 = embeddings, L = final normed state; default:
-  # eagle3.hidden_layers, a low, a middle and the top). The others read the top state only.
-  target_layers: tuple[int, ...] | None = None
-  # EAGLE-3 ablation: keep its draft head (final norm and LM head) at its initial value, the
-  # target's own, restricted to the draft vocabulary: EAGLE's frozen head on EAGLE-3's layer.
-  frozen_head: bool = False
   # Acceptance-aware loss (AUF / VAT style): depth s + 1 is scored only at starts where the
   # drafter's own top-1 (no gradient) agreed with the target at depths 1..s -- the states a chain
   # reaches at inference; past a miss it would stop. Averaged over all starts, so each depth
   # weighs by how often it is reached. Needs train_steps >= 2.
   chain_loss: bool = False
+  # Family options (FAMILY_OPTIONS), each read only by the families that declare it:
+  num_heads: int = 4  # one head per draft depth (static-tree families)
+  regression_weight: float = 1.0  # weight of the family's auxiliary loss (feature regression)
+  # Feature augmentation: uniform noise in [-a, a] on the target features the drafter reads (not
+  # on what a regression aims at), so the features it rolls forward on at inference, its own and
+  # never exact, are not out of distribution. 0 = none.
+  feature_noise: float = 0.0
+  # Taps: target hidden states fused (0 = embeddings, L = final normed state; default: the
+  # family's `default_taps`).
+  target_layers: tuple[int, ...] | None = None
+  # Head ablation: keep the drafter's own draft head at its initial value (the target's).
+  frozen_head: bool = False
   eval_depth: int = 5
   seq_len: int = 256
   batch_size: int = 16
@@ -95,37 +101,34 @@ class DrafterTrainConfig:
   export_dtype: str = "bfloat16"
 
   def __post_init__(self):
-    io.family(self.method)  # raises for an unknown method
+    fam = registry.family(self.method)  # raises for an unknown method
     if self.source not in ("corpus", "self_distill"):
       raise ValueError(f"source must be 'corpus' or 'self_distill', got {self.source!r}")
     if self.train_steps < 1:
       raise ValueError(f"train_steps must be >= 1, got {self.train_steps}")
-    if self.method in ("medusa", "hydra") and max(self.train_steps,
-                                                  self.eval_depth) > self.num_heads:
-      raise ValueError(f"{self.method} has {self.num_heads} heads: train_steps and eval_depth "
-                       "must not exceed it")
-    if self.method == "eagle3" and self.train_steps < 3:
-      raise ValueError("EAGLE-3's training-time test needs train_steps >= 3")
+    defaults = {f.name: f.default for f in dataclasses.fields(self)}
+    for name in FAMILY_OPTIONS:
+      if name not in fam.options and getattr(self, name) != defaults[name]:
+        readers = [m for m in registry.families() if name in registry.family(m).options]
+        raise ValueError(f"{name} is not an option of {self.method} (its options: "
+                         f"{list(fam.options)}); {name} is read by {readers}")
     if self.feature_noise < 0:
       raise ValueError(f"feature_noise must be >= 0, got {self.feature_noise}")
-    if self.feature_noise and self.method not in ("eagle", "eagle3"):
-      raise ValueError(f"feature_noise is for drafters that roll features forward (eagle, "
-                       f"eagle3), not {self.method}")
-    if self.target_layers is not None:
-      if self.method != "eagle3":
-        raise ValueError(f"target_layers is EAGLE-3's option; {self.method} reads the top state")
-      if not self.target_layers or len(set(self.target_layers)) != len(self.target_layers):
-        raise ValueError(f"target_layers must be distinct layer ids, got {self.target_layers}")
+    if self.target_layers is not None and (
+        not self.target_layers or len(set(self.target_layers)) != len(self.target_layers)):
+      raise ValueError(f"target_layers must be distinct layer ids, got {self.target_layers}")
     if self.chain_loss and self.train_steps < 2:
       raise ValueError("chain_loss scores depths past the first: it needs train_steps >= 2")
-    if self.frozen_head and self.method != "eagle3":
-      raise ValueError(f"frozen_head is EAGLE-3's option (its own draft head), not "
-                       f"{self.method}'s")
+    fam.check_training(self)
 
   @property
   def row_len(self) -> int:
     return self.distill_prompt_tokens + self.distill_new_tokens if (
         self.source == "self_distill") else self.seq_len
+
+  def family_options(self) -> dict[str, Any]:
+    """The family options this run's family reads, for `Family.make_config`."""
+    return {name: getattr(self, name) for name in registry.family(self.method).options}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -136,7 +139,7 @@ class DrafterTrainConfig:
 class _Setup:
   """The static pieces of a run: the family, its network config and the target's config."""
 
-  family: io.Family
+  family: learned.Family
   net: Any
   target_cfg: Any
   hidden_layers: tuple[int, ...]
@@ -158,13 +161,12 @@ def drafter_loss(setup: _Setup, cfg: DrafterTrainConfig, params, batch):
   want = jnp.argmax(logits, -1)  # the target's greedy tokens
   in_vocab = jnp.zeros((logits.shape[-1],), bool).at[d2t].set(True)[want]
   steps = cfg.train_steps
-  inputs, kwargs = feats, {}
+  inputs = feats
   if cfg.feature_noise:
     inputs = feats + jax.random.uniform(batch["key"], feats.shape, feats.dtype,
                                         -cfg.feature_noise, cfg.feature_noise)
-    kwargs = {"clean": feats} if setup.family.name == "eagle" else {}
-  draft, aux = setup.family.depth_logits(setup.net, params, frozen["head"], inputs, tokens,
-                                         frozen["emb"], steps, **kwargs)
+  x = learned.DepthInputs(inputs, feats, tokens, frozen["emb"], frozen["head"])
+  draft, aux = setup.family.depth_logits(setup.net, params, x, steps, train=True)
   t = tokens.shape[1]
   total, metrics = aux * cfg.regression_weight, {"aux": aux}
   chain = jnp.ones(tokens.shape, bool)  # by start: depths so far all agreed (chain_loss)
@@ -203,9 +205,8 @@ def agreement(setup: _Setup, depth: int, params, batch) -> jax.Array:
   """`match_counts` of the drafter's top-1 against the target's on a batch of rows."""
   frozen, tokens = batch["frozen"], batch["tokens"]
   feats, logits = _target_view(setup, frozen, tokens)
-  kwargs = {"regression": False} if setup.family.name == "eagle" else {}
-  draft, _ = setup.family.depth_logits(setup.net, params, frozen["head"], feats, tokens,
-                                       frozen["emb"], depth, **kwargs)
+  x = learned.DepthInputs(feats, feats, tokens, frozen["emb"], frozen["head"])
+  draft, _ = setup.family.depth_logits(setup.net, params, x, depth)
   t = tokens.shape[1]
   want = jnp.argmax(logits, -1)
   return match_counts([
@@ -306,13 +307,13 @@ def train_drafter(cfg: DrafterTrainConfig, *, stop_after: int | None = None,
     raise ValueError("drafter training needs the target's tokenizer (tokenizer.json)")
   layers = taps(cfg, target)
   loop.check_run_config(cfg.workdir, cfg)
-  fam = io.family(cfg.method)
+  fam = registry.family(cfg.method)
   t0 = time.perf_counter()
   train_rows, heldout_rows, counts = training_rows(cfg, target)
   data_seconds = time.perf_counter() - t0
   d2t = learned.draft_vocab_from_counts(counts, cfg.draft_vocab_size)
-  net = fam.make_config(target.config, num_heads=cfg.num_heads,
-                        draft_vocab_size=cfg.draft_vocab_size, num_features=len(layers))
+  net = fam.make_config(target.config, draft_vocab_size=cfg.draft_vocab_size,
+                        num_features=len(layers), **cfg.family_options())
   setup = _Setup(fam, net, target.config, layers)
   frozen = {
       "target": target.params, "d2t": jnp.asarray(d2t),
@@ -320,7 +321,7 @@ def train_drafter(cfg: DrafterTrainConfig, *, stop_after: int | None = None,
       "head": learned.restricted_head(target.config, target.params, d2t)
       if fam.uses_target_head else None,
   }
-  params = _init_params(fam, net, target, d2t, cfg.seed)
+  params = fam.init_params(net, target, d2t, cfg.seed)
   batches = pipeline.TrainBatches(train_rows, cfg.batch_size, cfg.seed)
 
   def stream(start: int):
@@ -335,7 +336,7 @@ def train_drafter(cfg: DrafterTrainConfig, *, stop_after: int | None = None,
                              tokens_per_step=cfg.batch_size * train_rows.shape[1])
   evaluate = make_evaluator(setup, cfg, frozen, heldout_rows)
   result = loop.train(lambda p, b: drafter_loss(setup, cfg, p, b), params,
-                      make_optimizer(cfg.optim, _frozen_leaves(cfg)), stream, loop_cfg,
+                      make_optimizer(cfg.optim, fam.frozen_leaves(cfg)), stream, loop_cfg,
                       workdir=os.path.join(cfg.workdir, "checkpoints"), evaluate=evaluate,
                       stop_after=stop_after, progress=progress,
                       desc=f"train {cfg.method} {decoder.num_params(params) / 1e6:.2f}M")
@@ -388,7 +389,8 @@ def heldout_scores(path: str | os.PathLike, target: Target, **changes) -> dict[s
   with open(os.path.join(path, "metadata.json")) as f:
     cfg = dataclasses.replace(config_from_metadata(json.load(f)["training"]), **changes)
   drafter = io.load_drafter(path, target)  # carries its net, params, taps and head
-  setup = _Setup(io.family(cfg.method), drafter.net, target.config, drafter.hidden_layers)
+  setup = _Setup(registry.family(cfg.method), drafter.net, target.config,
+                 drafter.hidden_layers)
   frozen = {"target": target.params, "d2t": drafter.d2t, "head": drafter.head,
             "emb": learned.target_embedding(target.config, target.params)}
   rows = _heldout(cfg, _corpus_stream(cfg, target, "heldout"))
@@ -398,31 +400,9 @@ def heldout_scores(path: str | os.PathLike, target: Target, **changes) -> dict[s
 def taps(cfg: DrafterTrainConfig, target: Target) -> tuple[int, ...]:
   """The target hidden states the drafter reads: `cfg.target_layers`, else the family's."""
   if cfg.target_layers is None:
-    return io.family(cfg.method).hidden_layers(target.config)
+    return registry.family(cfg.method).default_taps(target.config)
   n = target.config.num_layers
   bad = [i for i in cfg.target_layers if not 0 <= i <= n]
   if bad:
     raise ValueError(f"target_layers {bad} are outside [0, {n}] (the target has {n} layers)")
   return tuple(sorted(cfg.target_layers))
-
-
-def _frozen_leaves(cfg: DrafterTrainConfig):
-  """`make_optimizer`'s `frozen`: EAGLE-3's head (`norm`, `lm_head`) under `frozen_head`."""
-  if not cfg.frozen_head:
-    return None
-  return lambda params: jax.tree_util.tree_map_with_path(
-      lambda path, _: getattr(path[0], "key", None) in ("norm", "lm_head"), params)
-
-
-def _init_params(fam: io.Family, net, target: Target, d2t: np.ndarray, seed: int):
-  """Fresh params; EAGLE-3's own head and norm start as the target's (restricted) ones."""
-  params = learned.init_params(fam.module, net, seed)
-  if fam.name == "eagle3":
-    model = learned.merge(fam.module, net, params)
-    # Copies: the training state is donated, the target's buffers must survive it.
-    model.lm_head.kernel[...] = jnp.copy(
-        learned.restricted_head(target.config, target.params, d2t))
-    model.norm.weight[...] = jnp.copy(nnx.merge(decoder.graphdef(target.config),
-                                                target.params).norm.weight[...])
-    params = nnx.split(model)[1]
-  return params

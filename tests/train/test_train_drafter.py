@@ -6,7 +6,6 @@ stdlib files: the same code path as the shipped drafters' training, with a few s
 
 from __future__ import annotations
 
-import dataclasses
 import glob
 import json
 import os
@@ -20,7 +19,7 @@ import specjax
 from specjax import assets
 from corpora import stdlib_source_dir
 from specjax.config_utils import load_config
-from specjax.drafters import eagle3, io, learned
+from specjax.drafters import eagle3, learned
 from specjax.train.drafter import heldout_scores, match_counts, train_drafter
 
 _TINY = ["optim.total_steps=6", "optim.warmup_steps=2", "seq_len=32", "batch_size=2",
@@ -165,8 +164,8 @@ def test_eagle3_frozen_head_keeps_the_targets_head(source_dir, target, tmp_path)
   for name in ("lm_head", "norm"):  # what the option holds still does train without it
     assert not np.array_equal(np.asarray(jax.tree.leaves(trained["params"][name])[0]),
                               np.asarray(jax.tree.leaves(params[name])[0]))
-  init = learned.init_params(eagle3.Eagle3Net,
-                             eagle3.make_config(target.config, draft_vocab_size=512), 0)
+  init = learned.init_params(eagle3.Eagle3Net, eagle3.FAMILY.make_config(
+      target.config, draft_vocab_size=512, num_features=3), 0)
   for name in ("fc", "layer"):  # while the rest of the drafter trains
     assert not all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(
         jax.tree.leaves(init[name]), jax.tree.leaves(params[name]), strict=True))
@@ -177,9 +176,11 @@ def test_chain_loss_scores_depths_only_along_agreeing_chains(target):
   with the target at depths 1..s, averaged over all starts; depth 1 is the plain loss. Checked against a numpy reference
   with hand-made draft logits (a fake family returns its params as the logits)."""
   from specjax.train import drafter as D
-  fake = dataclasses.replace(io.family("eagle3"),
-                             depth_logits=lambda net, params, *a, **k: (params, jnp.zeros(())))
-  setup = D._Setup(fake, None, target.config, (target.config.num_layers,))
+  class HandMade(eagle3.Eagle3Family):
+    def depth_logits(self, net, params, x, num_steps, *, train=False):
+      return params, jnp.zeros(())
+
+  setup = D._Setup(HandMade(), None, target.config, (target.config.num_layers,))
   v, t, steps = target.config.vocab_size, 10, 3
   tokens = jnp.asarray(np.random.default_rng(0).integers(1, v, (1, t)), jnp.int32)
   d2t = jnp.arange(v, dtype=jnp.int32)
@@ -230,13 +231,16 @@ def test_bad_configs_are_rejected():
     load_config("configs/medusa_stdlib.py", ["eval_depth=5"])
   with pytest.raises(ValueError, match="source must be"):
     load_config("configs/eagle_stdlib.py", ["source=web"])
-  with pytest.raises(ValueError, match="feature_noise is for drafters that roll features"):
+  with pytest.raises(ValueError, match=r"feature_noise is not an option of hydra .*read by "
+                     r"\['eagle', 'eagle3'\]"):
     load_config("configs/hydra_stdlib.py", ["feature_noise=0.1"])
   with pytest.raises(ValueError, match="feature_noise must be >= 0"):
     load_config("configs/eagle_stdlib.py", ["feature_noise=-0.1"])
-  with pytest.raises(ValueError, match="target_layers is EAGLE-3's option"):
+  with pytest.raises(ValueError, match=r"target_layers is not an option of eagle .*read by "
+                     r"\['eagle3'\]"):
     load_config("configs/eagle_stdlib.py", ["target_layers=3,6"])
-  with pytest.raises(ValueError, match="frozen_head is EAGLE-3's option"):
+  with pytest.raises(ValueError, match=r"frozen_head is not an option of eagle .*read by "
+                     r"\['eagle3'\]"):
     load_config("configs/eagle_stdlib.py", ["frozen_head=true"])
   with pytest.raises(ValueError, match="chain_loss scores depths past the first"):
     load_config("configs/eagle_stdlib.py", ["chain_loss=true"])
