@@ -38,50 +38,36 @@ from flax import nnx, struct
 from specjax import trees
 from specjax.drafters import learned
 from specjax.drafters.base import DraftContext, Prefill, RoundResult, TargetView
-from specjax.models import attention, decoder
+from specjax.models import attention, decoder, layers
 from specjax.models.cache import KVCache
 from specjax.models.config import ModelConfig
-from specjax.models.layers import MLP, RMSNorm, _linear, apply_rope, rope_inv_freq, rope_tables
 
 
-class DraftLayer(nnx.Module):
-  """One pre-norm decoder layer whose attention reads an `attn_in`-wide input (EAGLE-3: 2E)."""
+class DraftLayer(layers.Attention):
+  """One decoder layer without its input norm: the target architecture's attention (q/k/v over
+  an `attn_in`-wide input, EAGLE-3: 2E), then the post-attention norm and the SwiGLU MLP.
+
+  It is the attention module itself plus the MLP block, so its parameters keep the flat layout
+  of drafter folders (`q_proj`, ..., `post_attention_layernorm`, `mlp`). The layer runs in two
+  halves around the attention, which the drafter computes itself (its own cache, or the
+  training-time-test pattern): `qkv`, then `finish`.
+  """
 
   def __init__(self, cfg: ModelConfig, attn_in: int, rngs: nnx.Rngs):
-    e, h, k, d = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    self.q_proj = _linear(cfg, attn_in, h * d, cfg.qkv_bias, rngs)
-    self.k_proj = _linear(cfg, attn_in, k * d, cfg.qkv_bias, rngs)
-    self.v_proj = _linear(cfg, attn_in, k * d, cfg.qkv_bias, rngs)
-    self.o_proj = _linear(cfg, h * d, e, cfg.o_bias, rngs)
-    if cfg.qk_norm:
-      self.q_norm = RMSNorm(d, cfg.rms_norm_eps, cfg.jnp_dtype)
-      self.k_norm = RMSNorm(d, cfg.rms_norm_eps, cfg.jnp_dtype)
-    self.post_attention_layernorm = RMSNorm(e, cfg.rms_norm_eps, cfg.jnp_dtype)
-    self.mlp = MLP(cfg, rngs)
-    self.qk_norm = cfg.qk_norm
-    self.shape = (h, k, d)
-    self.rope = (d, cfg.rope_theta, cfg.rope_scaling)  # static; the table is built at trace time
+    super().__init__(cfg, rngs, in_features=attn_in)
+    self.post_attention_layernorm = layers.RMSNorm(cfg.hidden_size, cfg.rms_norm_eps,
+                                                   cfg.jnp_dtype)
+    self.mlp = layers.MLP(cfg, rngs)
+    self.rope = (cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)  # static; tables at trace time
 
   def qkv(self, x: jax.Array, positions: jax.Array):
     """x: [B, T, attn_in], positions int32[B, T] -> q [B, T, H, D], k, v [B, T, K, D]."""
-    b, t, _ = x.shape
-    h, kv, d = self.shape
-    q = self.q_proj(x).reshape(b, t, h, d)
-    k = self.k_proj(x).reshape(b, t, kv, d)
-    v = self.v_proj(x).reshape(b, t, kv, d)
-    if self.qk_norm:
-      q, k = self.q_norm(q), self.k_norm(k)
-    cos, sin = rope_tables(positions, rope_inv_freq(*self.rope))
-    return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+    cos, sin = layers.rope_tables(positions, layers.rope_inv_freq(*self.rope))
+    return self.project(x, cos, sin)
 
   def finish(self, residual: jax.Array, attn_out: jax.Array) -> jax.Array:
-    b, t = attn_out.shape[:2]
-    x = residual + self.o_proj(attn_out.reshape(b, t, -1))
+    x = residual + self.output(attn_out)
     return x + self.mlp(self.post_attention_layernorm(x))
-
-  @property
-  def sm_scale(self) -> float:
-    return self.shape[2] ** -0.5
 
 
 # ------------------------------------------------------------------------------------------------

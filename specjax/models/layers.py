@@ -74,12 +74,19 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 
 
 class Attention(nnx.Module):
+  """Self-attention of the Llama family: q/k/v projections (with Qwen3's per-head q/k-norm) and
+  RoPE, the attention itself (pluggable `attn_fn` over the KV cache), and the output projection.
 
-  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+  `in_features` is the width of the input the q/k/v projections read (default: E); a drafter
+  layer that attends over a wider input (EAGLE-3: [embedding | feature], 2E) reuses this module.
+  """
+
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, in_features: int | None = None):
     e, h, k, d = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    self.q_proj = _linear(cfg, e, h * d, cfg.qkv_bias, rngs)
-    self.k_proj = _linear(cfg, e, k * d, cfg.qkv_bias, rngs)
-    self.v_proj = _linear(cfg, e, k * d, cfg.qkv_bias, rngs)
+    d_in = e if in_features is None else in_features
+    self.q_proj = _linear(cfg, d_in, h * d, cfg.qkv_bias, rngs)
+    self.k_proj = _linear(cfg, d_in, k * d, cfg.qkv_bias, rngs)
+    self.v_proj = _linear(cfg, d_in, k * d, cfg.qkv_bias, rngs)
     self.o_proj = _linear(cfg, h * d, e, cfg.o_bias, rngs)
     if cfg.qk_norm:  # Qwen3: RMSNorm over each head's D features, before RoPE.
       self.q_norm = RMSNorm(d, cfg.rms_norm_eps, cfg.jnp_dtype)
@@ -87,8 +94,12 @@ class Attention(nnx.Module):
     self.qk_norm = cfg.qk_norm
     self.shape = (h, k, d)
 
-  def __call__(self, x, cos, sin, new_mask, cache: KVCache | None, layer: int,
-               attn_fn: AttentionFn) -> tuple[jax.Array, KVCache | None]:
+  @property
+  def sm_scale(self) -> float:
+    return self.shape[2] ** -0.5
+
+  def project(self, x: jax.Array, cos: jax.Array, sin: jax.Array):
+    """x: [B, T, in_features] -> q [B, T, H, D], k, v [B, T, K, D], RoPE'd by (cos, sin)."""
     b, t, _ = x.shape
     h, kv, d = self.shape
     q = self.q_proj(x).reshape(b, t, h, d)
@@ -96,13 +107,23 @@ class Attention(nnx.Module):
     v = self.v_proj(x).reshape(b, t, kv, d)
     if self.qk_norm:
       q, k = self.q_norm(q), self.k_norm(k)
-    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+  def output(self, attn_out: jax.Array) -> jax.Array:
+    """[B, T, H, D] attention output -> [B, T, E]."""
+    b, t = attn_out.shape[:2]
+    return self.o_proj(attn_out.reshape(b, t, -1))
+
+  def __call__(self, x, cos, sin, new_mask, cache: KVCache | None, layer: int,
+               attn_fn: AttentionFn) -> tuple[jax.Array, KVCache | None]:
+    q, k, v = self.project(x, cos, sin)
     if cache is None:  # no prefix: attend among the new tokens only (training, full forward)
-      out = attn_fn(q, k, v, None, new_mask, sm_scale=d**-0.5)
+      out = attn_fn(q, k, v, None, new_mask, sm_scale=self.sm_scale)
     else:
       cache = cache.write(layer, k, v)
-      out = attn_fn(q, cache.k[layer], cache.v[layer], cache.length, new_mask, sm_scale=d**-0.5)
-    return self.o_proj(out.reshape(b, t, h * d)), cache
+      out = attn_fn(q, cache.k[layer], cache.v[layer], cache.length, new_mask,
+                    sm_scale=self.sm_scale)
+    return self.output(out), cache
 
 
 class MLP(nnx.Module):
