@@ -5,8 +5,8 @@
   python -m experiments.benchmark --set methods=autoregressive,prompt_lookup --set num_prompts=4
 
 Expected: a Markdown table (method, tau, tokens/s, speedup, target calls, share of time in
-drafting, ideal speedup) per dataset, results.json / results.md / PNG plots in `out`.
-Runtime: under 10 minutes on 2 CPU cores with these defaults.
+drafting, ideal speedup) per dataset, results.json / results.md / PNG plots in `out`. The
+figures and the run time of the last full run are in the README's benchmark table.
 """
 
 from specjax.benchmark import BenchmarkConfig

@@ -2,12 +2,11 @@
 
   python -m experiments.train_target --config configs/target_stdlib.py
 
-Expected: 6.62M parameters (GQA 8/2 heads, q/k-norm, tied embeddings, context 2048), trained on
-10.6M tokens (1300 steps x 8192 tokens: 1150 steps of 32 x 256-token rows, then 150 steps of
-8 x 1024-token rows so the model learns its long context); held-out cross-entropy about 2.7-2.8
-nats/token against a unigram baseline of about 6.6. Runtime: about 75 minutes on 2 CPU cores.
-Resumes from its last checkpoint when interrupted; exports (bfloat16 weights) to
-specjax/assets/target.
+GQA 8/2 heads, q/k-norm, tied embeddings, context 2048; 1300 steps x 8192 tokens: 1150 steps
+of 32 x 256-token rows, then 150 steps of 8 x 1024-token rows so the model learns its long
+context. Resumes from its last checkpoint when interrupted; exports (bfloat16 weights) to
+specjax/assets/target, whose metadata.json records the held-out loss beside the unigram baseline
+and the wall time.
 """
 
 from specjax.models.config import ModelConfig
