@@ -4,13 +4,13 @@
       --drafter eagle3=runs/abl_e3_top/export --trees 5,7,7x3x16
 
 Ablations (taps, losses, training budgets) are judged on acceptance, which timing noise cannot
-blur: every drafter is run with the same tree shapes (`--trees`: a chain of d is `d`, EAGLE-2's
-dynamic tree `depth x top_k x total_tokens`, a Medusa/Hydra tree its name) and the same recent tokens,
-batch 1, T = 0, on the benchmark's datasets. Tau is emitted tokens over target calls summed over
-prompts (the benchmark's figure). Beside it, each folder's held-out top-1 agreement by depth and
-its chain tau (1 + sum over d of P(depths 1..d all agree), the acceptance a chain needs), from
-the training evaluator run now on the rows its training held out. Runtime: about a minute per
-drafter and tree on 2 CPU cores.
+blur: every drafter is run with the same tree shapes (`--trees`, read by each family's
+`tree_options`: a chain of d is `d` for every family, EAGLE-2's dynamic tree `depth x top_k x
+total_tokens`, a static tree its name) and the same recent tokens, batch 1, T = 0, on the
+benchmark's datasets. Tau is emitted tokens over target calls summed over prompts (the
+benchmark's figure). Beside it, each folder's held-out top-1 agreement by depth and its chain tau
+(1 + sum over d of P(depths 1..d all agree), the acceptance a chain needs), from the training
+evaluator run now on the rows its training held out.
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ Trees trade acceptance (tau) for verification cost, which depends on the hardwar
 CPU a small target's verify step grows with every node, on an accelerator it barely does. The
 sweep runs on held-out stdlib files (never the HumanEval prompts the main table reports), and
 --save writes the fastest option set into the drafter folder's config.json ("tree"), which
-`load_drafter` uses unless told otherwise. Runtime: a few minutes per method on 2 CPU cores.
+`load_drafter` uses unless told otherwise. The candidates are the family's own grid
+(`Family.tune_grid`) unless --candidates names others.
 """
 
 from __future__ import annotations

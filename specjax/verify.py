@@ -9,8 +9,8 @@ Leviathan et al. 2023 / Chen et al. 2023). Walking the tree from the root, with 
   * accept it with probability min(1, r(x) / q_i(x))  -- i.e. iff u * q_i(x) < r(x), u ~ U[0, 1);
   * on acceptance move to the child: r = p at the child, and try its children;
   * on rejection r = normalize(max(r - q_i, 0)) and try the next sibling. For a one-hot q_i this
-    is "set r(x) = 0 and renormalise" (DESIGN.md's recursive rejection over deterministic
-    children); for i.i.d. sampled siblings it is SpecInfer's multi-round rule;
+    is "set r(x) = 0 and renormalise" (recursive rejection over deterministic children); for
+    i.i.d. sampled siblings it is SpecInfer's multi-round rule;
   * when no child is accepted, emit a bonus token drawn from r.
 
 Why it is lossless: if x ~ q, then P(emit y at this step) = min(q(y), r(y)) + P(reject) *

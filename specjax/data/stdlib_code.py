@@ -1,6 +1,6 @@
 """TFDS builder `stdlib_code`: the running interpreter's standard library as a code corpus.
 
-The embedded default LM is trained on this corpus (DESIGN.md, "The embedded default"): it is on
+The embedded default LM is trained on this corpus (README, "The embedded default"): it is on
 every machine, needs no network, and is real, idiomatic Python. The held-out split is chosen by a
 stable hash of each file's relative path, so a file never moves between splits when other files
 are added or removed, and the assignment is the same on every machine and Python build.

@@ -164,13 +164,12 @@ class LearnedDrafter:
     (`ctx`, a DraftContext) that the draft vocabulary lacks, each once (its most recent copy).
 
     A reduced vocabulary built from corpus counts misses the identifiers of a prompt, and a
-    small model that loops on such a token would otherwise never be drafted (one HumanEval
-    prompt of the embedded target repeats a token outside the shipped EAGLE's 2048 ids for
-    all 128 generated tokens). The extra ids are scored by the target's own LM head columns
-    (`with_recent`), which needs no retraining: where the drafter's head is the target's
-    (Medusa, Hydra, EAGLE), exactly the logits a full-vocabulary head would give; EAGLE-3,
-    whose head is its own (initialised from the target's), scores them with the target's
-    columns after its final norm. Losslessness does not depend on those scores, only speed.
+    target that loops on such a token would otherwise never be drafted for. The extra ids are
+    scored by the target's own LM head columns (`with_recent`), which needs no retraining: where
+    the drafter's head is the target's (Medusa, Hydra, EAGLE), exactly the logits a
+    full-vocabulary head would give; EAGLE-3, whose head is its own (initialised from the
+    target's), scores them with the target's columns after its final norm. Losslessness does
+    not depend on those scores, only speed.
     """
     if not self.recent_tokens:
       return None

@@ -24,9 +24,9 @@ from specjax.models import decoder
 from specjax.trees import TreeTemplate
 
 # An 8-node template: two candidates at the first two levels, where most rejections happen, and a
-# chain below rank 0. Small on purpose: on a CPU a small target is compute-bound and verifying
-# N + 1 tokens costs ~1 + N/10 target steps, so a wide tree (the paper's 80 nodes suit a GPU)
-# would cost more than it gains. Pass `paths=` for other hardware.
+# chain below rank 0. Small on purpose: where a small target is compute-bound (a CPU), each
+# verified node costs a visible fraction of a target step, so a wide tree (the paper's 80 nodes
+# suit a GPU) would cost more than it gains. Pass `paths=` for other hardware.
 DEFAULT_PATHS = ((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 0, 0), (0, 0, 0, 0, 0))
 
 
