@@ -4,7 +4,7 @@ Importing this package registers `attention_impl="pallas"` with `specjax.models.
 (`get_attention_impl("pallas")` imports it on first use).
 """
 
-from pallas_kernels.attention_impl import MAX_TREE_TOKENS, pallas_attention
+from specjax.models.pallas_attention import MAX_TREE_TOKENS, pallas_attention
 from pallas_kernels.tree_attention import (BlockSizes, pack_tree_mask, tree_attention,
                                            tree_attention_reference, unpack_tree_mask)
 from specjax.models.attention import register_attention_impl

@@ -15,10 +15,10 @@ import pytest
 
 import specjax
 from specjax import assets, drafters
-from specjax.models import attention, decoder
-import pallas_kernels
-from pallas_kernels import MAX_TREE_TOKENS, pallas_attention
 from pallas_kernels.bench import random_tree_mask
+from specjax.models import attention, decoder
+from specjax.models import pallas_attention as adapter
+from specjax.models.pallas_attention import MAX_TREE_TOKENS, pallas_attention
 
 
 def _inputs(seed, b, t, h, kv, d, s):
@@ -52,7 +52,7 @@ def test_adapter_falls_back_to_xla():
   mask = decoder.causal_mask(jnp.array([MAX_TREE_TOKENS + 1]), MAX_TREE_TOKENS + 1)
   for length in (jnp.zeros((1,), jnp.int32), None):  # a long prefill; no cache at all
     kv = k if length is not None else k[:, :MAX_TREE_TOKENS + 1]
-    assert not pallas_kernels.attention_impl.kernel_applies(q, kv, length)
+    assert not adapter.kernel_applies(q, kv, length)
     want = attention.xla_attention(q, kv, kv, length, mask, sm_scale=0.2)
     np.testing.assert_array_equal(pallas_attention(q, kv, kv, length, mask, sm_scale=0.2), want)
 
@@ -60,8 +60,8 @@ def test_adapter_falls_back_to_xla():
 def test_registered_and_used_by_the_model(monkeypatch):
   assert attention.get_attention_impl("pallas") is pallas_attention
   calls = []
-  kernel = pallas_kernels.attention_impl.tree_attention
-  monkeypatch.setattr(pallas_kernels.attention_impl, "tree_attention",
+  kernel = adapter.tree_attention
+  monkeypatch.setattr(adapter, "tree_attention",
                       lambda q, *a, **kw: calls.append(q.shape[1]) or kernel(q, *a, **kw))
   cfg = specjax.ModelConfig(architecture="qwen3", vocab_size=64, hidden_size=32,
                             intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
