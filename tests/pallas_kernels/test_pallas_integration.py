@@ -8,17 +8,31 @@ autoregressive decoding, on the embedded target in its shipped dtype.
 
 from __future__ import annotations
 
+import pathlib
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import specjax
-from specjax import assets, drafters
 from pallas_kernels.bench import random_tree_mask
+from specjax import assets, drafters
 from specjax.models import attention, decoder
 from specjax.models import pallas_attention as adapter
 from specjax.models.pallas_attention import MAX_TREE_TOKENS, pallas_attention
+
+_ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def test_kernel_package_imports_no_specjax():
+  """`pallas_kernels` is a leaf: the kernels, references and bench stand without the model."""
+  code = ("import sys, pallas_kernels, pallas_kernels.bench\n"
+          "loaded = [m for m in sys.modules if m.split('.')[0] == 'specjax']\n"
+          "assert not loaded, loaded\n")
+  subprocess.run([sys.executable, "-c", code], check=True, cwd=_ROOT)
 
 
 def _inputs(seed, b, t, h, kv, d, s):
@@ -109,4 +123,15 @@ def test_benchmark_entry_point_runs(capsys):
                              "--cpu-max-size", "64"])
   checked = [r for r in rows if r.impl == "pallas" and r.seconds]
   assert len(checked) == 2 and all(r.note == "ok" for r in checked)
+  assert [r.impl for r in rows if r.seconds] == ["pallas", "reference", "xla"] * 2
   assert "max err" in capsys.readouterr().out
+
+
+def test_bench_times_the_implementations_passed_in():
+  from pallas_kernels import bench, tree_attention_reference
+  shape = dict(heads=4, kv_heads=2, head_dim=32, dtype="float32", iters=1)
+  rows = bench.run([40], [3], **shape, impls={"again": tree_attention_reference})
+  assert [r.impl for r in rows] == ["pallas", "reference", "again"]
+  assert rows[0].note == "ok" and all(r.seconds for r in rows)
+  with pytest.raises(ValueError, match="always run"):
+    bench.run([40], [3], **shape, impls={"reference": tree_attention_reference})
