@@ -77,6 +77,7 @@ def attention_impls() -> list[str]:
 
 
 def get_attention_impl(name: str) -> AttentionFn:
+  """The AttentionFn of `name`; a lazy entry's module is imported here, once."""
   if name in _LAZY:
     module, attr = _LAZY[name].split(":")
     fn = getattr(importlib.import_module(module), attr)
