@@ -36,6 +36,7 @@ def main(argv=None):
   import jax
 
   from pallas_kernels import bench
+  from specjax.models.attention import xla_attention
 
   device = jax.devices()[0]
   interpret = jax.default_backend() not in ("gpu", "tpu")
@@ -49,7 +50,8 @@ def main(argv=None):
         "length = S - N (S live KV slots per row)\n")
   rows = bench.run(args.sizes, args.nodes, batch=args.batch, heads=args.heads,
                    kv_heads=args.kv_heads, head_dim=args.head_dim, dtype=args.dtype,
-                   iters=args.iters, cpu_max_size=args.cpu_max_size)
+                   iters=args.iters, cpu_max_size=args.cpu_max_size,
+                   impls={"xla": xla_attention})
   print(bench.format_table(rows))
   if any(r.note == "MISMATCH" for r in rows):
     raise SystemExit("the kernel disagrees with the reference")

@@ -1,15 +1,12 @@
-"""Pallas kernels, each beside a pure-jnp reference (see STYLE.md).
+"""Pallas kernels, each beside a pure-jnp reference.
 
-Importing this package registers `attention_impl="pallas"` with `specjax.models.attention`
-(`get_attention_impl("pallas")` imports it on first use).
+A leaf package: it imports jax only, never specjax, so a kernel can be tested, lowered and
+benchmarked on its own. The model's adapter over it is `specjax.models.pallas_attention`.
 """
 
-from pallas_kernels.attention_impl import MAX_TREE_TOKENS, pallas_attention
-from pallas_kernels.tree_attention import (BlockSizes, pack_tree_mask, tree_attention,
-                                           tree_attention_reference, unpack_tree_mask)
-from specjax.models.attention import register_attention_impl
+from pallas_kernels.tree_attention import (BlockSizes, kv_bytes_read, pack_tree_mask,
+                                           tree_attention, tree_attention_reference,
+                                           unpack_tree_mask)
 
-register_attention_impl("pallas", pallas_attention)
-
-__all__ = ["BlockSizes", "MAX_TREE_TOKENS", "pack_tree_mask", "pallas_attention",
-           "tree_attention", "tree_attention_reference", "unpack_tree_mask"]
+__all__ = ["BlockSizes", "kv_bytes_read", "pack_tree_mask", "tree_attention",
+           "tree_attention_reference", "unpack_tree_mask"]

@@ -1,12 +1,14 @@
-"""Tree-attention benchmark: the Pallas kernel vs its jnp reference vs the model's XLA path.
+"""Tree-attention benchmark: the Pallas kernel vs its jnp reference vs implementations passed in.
 
 Each (S, N) point is one verification-shaped call with every row's cache full (length = S - N),
 so exactly S slots of K and V are live. Reported per implementation: median time, the achieved
-bandwidth of that KV read (live bytes / time, the same numerator for all three so they compare),
+bandwidth of that KV read (live bytes / time, the same numerator for all so they compare),
 and on a known accelerator the fraction of its peak memory bandwidth. On CPU the kernel can only
 run in interpret mode: it is checked against the reference (the tolerance policy of
 tests/pallas_kernels) and its timing is not meaningful; sizes above `cpu_max_size` are skipped.
-`experiments/bench_kernels.py` is the command-line entry point.
+Extra implementations (`impls`) take the kernel's arguments, `fn(q, k_cache, v_cache, length,
+tree_mask, *, sm_scale)`, so this module needs nothing but jax; `experiments/bench_kernels.py`,
+the command-line entry point, passes the model's XLA attention that way.
 """
 
 from __future__ import annotations
@@ -14,13 +16,13 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from pallas_kernels.tree_attention import kv_bytes_read, tree_attention, tree_attention_reference
-from specjax.models.attention import xla_attention
 
 # Peak HBM bandwidth (bytes/s) by a substring of `device.device_kind`, from vendor data sheets.
 PEAK_BYTES_PER_S = {
@@ -35,7 +37,7 @@ TOLERANCE = {"float32": 1e-5, "bfloat16": 2e-2}  # tests/pallas_kernels/test_tre
 class Row:
   size: int  # S
   nodes: int  # N
-  impl: str  # "pallas" | "reference" | "xla"
+  impl: str  # "pallas" | "reference" | a name of `impls`
   seconds: float | None  # median; None when skipped
   kv_bytes: int
   peak: float | None  # bytes/s of the device, when known
@@ -78,8 +80,9 @@ def _median_seconds(fn, args, iters: int) -> float:
 
 
 def bench_point(size: int, nodes: int, *, batch: int, heads: int, kv_heads: int, head_dim: int,
-                dtype: str, iters: int, interpret: bool, seed: int = 0) -> list[Row]:
-  """The three implementations on one (S, N) point."""
+                dtype: str, iters: int, interpret: bool, seed: int = 0,
+                impls: dict[str, Callable] | None = None) -> list[Row]:
+  """The kernel, the reference and each of `impls` (in that order) on one (S, N) point."""
   rng = np.random.default_rng(seed)
   q = jnp.asarray(rng.standard_normal((batch, nodes, heads, head_dim)), dtype)
   k = jnp.asarray(rng.standard_normal((batch, size, kv_heads, head_dim)), dtype)
@@ -88,17 +91,21 @@ def bench_point(size: int, nodes: int, *, batch: int, heads: int, kv_heads: int,
   mask = jnp.asarray(random_tree_mask(rng, batch, nodes))
   args, scale = (q, k, v, length, mask), head_dim**-0.5
   nbytes, peak = kv_bytes_read(k, length, nodes), None if interpret else peak_bandwidth()
-  impls = {
+  extra = dict(impls or {})
+  if extra.keys() & {"pallas", "reference"}:
+    raise ValueError(f"'pallas' and 'reference' are always run; got extra impls {sorted(extra)}")
+  fns = {
       "pallas": jax.jit(lambda *a: tree_attention(*a, sm_scale=scale, interpret=interpret)),
       "reference": jax.jit(lambda *a: tree_attention_reference(*a, sm_scale=scale)),
-      "xla": jax.jit(lambda *a: xla_attention(*a, sm_scale=scale)),
   }
-  out = np.asarray(impls["pallas"](*args), np.float32)
-  ref = np.asarray(impls["reference"](*args), np.float32)
+  for name, fn in extra.items():  # bind `fn` now: a bare closure would see only the last one
+    fns[name] = jax.jit(lambda *a, fn=fn: fn(*a, sm_scale=scale))
+  out = np.asarray(fns["pallas"](*args), np.float32)
+  ref = np.asarray(fns["reference"](*args), np.float32)
   err = float(np.abs(out - ref).max())
   ok = np.isfinite(out).all() and err <= TOLERANCE[dtype] * max(1.0, float(np.abs(ref).max()))
   rows = []
-  for name, fn in impls.items():
+  for name, fn in fns.items():
     note = ("ok" if ok else "MISMATCH") if name == "pallas" else ""
     rows.append(Row(size, nodes, name, _median_seconds(fn, args, iters), nbytes, peak,
                     err if name == "pallas" else None, note))
@@ -106,8 +113,13 @@ def bench_point(size: int, nodes: int, *, batch: int, heads: int, kv_heads: int,
 
 
 def run(sizes, nodes, *, batch=1, heads=32, kv_heads=8, head_dim=128, dtype="bfloat16",
-        iters=None, cpu_max_size=4096, seed=0) -> list[Row]:
-  """All (S, N) points; on CPU, points with S > cpu_max_size are listed as skipped."""
+        iters=None, cpu_max_size=4096, seed=0,
+        impls: dict[str, Callable] | None = None) -> list[Row]:
+  """All (S, N) points; on CPU, points with S > cpu_max_size are listed as skipped.
+
+  impls: name -> fn(q, k_cache, v_cache, length, tree_mask, *, sm_scale), timed beside the
+  kernel and the reference (which are always run, the reference as the kernel's check).
+  """
   interpret = jax.default_backend() not in ("gpu", "tpu")
   iters = iters or (2 if interpret else 20)
   rows = []
@@ -121,7 +133,7 @@ def run(sizes, nodes, *, batch=1, heads=32, kv_heads=8, head_dim=128, dtype="bfl
         continue
       rows += bench_point(size, n, batch=batch, heads=heads, kv_heads=kv_heads,
                           head_dim=head_dim, dtype=dtype, iters=iters, interpret=interpret,
-                          seed=seed)
+                          seed=seed, impls=impls)
   return rows
 
 

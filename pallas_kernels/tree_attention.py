@@ -262,6 +262,20 @@ def _gpu_core_count() -> int:
   return getattr(device, "core_count", None) or 132  # 132 SMs: H100 / H200
 
 
+def _cost_estimate(inputs, out_shape, *, rows: int, seq_len: int,
+                   head_dim: int) -> pl.CostEstimate:
+  """What XLA's scheduler is told the call costs (it cannot see inside a kernel).
+
+  Shapes are static, so all S slots stand in for the live `length + N` (an upper bound): two
+  matmuls of [rows, D] x [D, S] and [rows, S] x [S, D], one exp per score; rows = B * K * M_pad.
+  Bytes: every input and output array once. Mosaic hands it to XLA; jax's Triton lowering
+  currently ignores it, and the GPU call sets it anyway so that it counts once that changes.
+  """
+  nbytes = sum(math.prod(x.shape) * jnp.dtype(x.dtype).itemsize for x in (*inputs, *out_shape))
+  return pl.CostEstimate(flops=4 * rows * seq_len * head_dim, transcendentals=rows * seq_len,
+                         bytes_accessed=nbytes)
+
+
 def _partials_shape(b, splits, kv, m_pad, d):
   return (jax.ShapeDtypeStruct((b, splits, kv, m_pad, d), jnp.float32),
           jax.ShapeDtypeStruct((b, splits, kv, m_pad, 1), jnp.float32),
@@ -314,6 +328,8 @@ def _gpu_call(qm, k_cache, v_cache, length, words, *, n, sm_scale, sizes, block_
   kernel = functools.partial(_gpu_kernel, n=n, sm_scale=sm_scale, block_kv=block_kv,
                              num_splits=splits, seq_len=s)
   partial_spec = pl.BlockSpec((None, None, None, block_q, 1), lambda i, j, r, p: (i, p, j, r, 0))
+  inputs = (length, qm, k_cache, v_cache, words)
+  out_shape = _partials_shape(b, splits, kv, m_pad, d)
   return pl.pallas_call(
       kernel,
       grid=(b, kv, num_q, splits),
@@ -328,12 +344,14 @@ def _gpu_call(qm, k_cache, v_cache, length, words, *, n, sm_scale, sizes, block_
           pl.BlockSpec((None, None, None, block_q, d), lambda i, j, r, p: (i, p, j, r, 0)),
           partial_spec, partial_spec,
       ],
-      out_shape=_partials_shape(b, splits, kv, m_pad, d),
+      out_shape=out_shape,
       compiler_params=plgpu.CompilerParams(num_warps=sizes.num_warps,
                                            num_stages=sizes.num_stages),
       interpret=interpret,
       name="tree_attention_gpu",
-  )(length, qm, k_cache, v_cache, words)
+      cost_estimate=_cost_estimate(inputs, out_shape, rows=b * kv * m_pad, seq_len=s,
+                                   head_dim=d),
+  )(*inputs)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -417,15 +435,19 @@ def _tpu_call(qm, k_cache, v_cache, length, words, *, n, sm_scale, sizes, block_
   )
   # [B, S, K, D] -> [B, S, K * D] is free (row-major) and makes a KV block one 2-D VMEM tile.
   k2, v2 = k_cache.reshape(b, s, kv * d), v_cache.reshape(b, s, kv * d)
+  inputs = (length, qm, k2, v2, words)
+  out_shape = _partials_shape(b, splits, kv, m_pad, d)
   return pl.pallas_call(
       kernel,
       grid_spec=grid_spec,
-      out_shape=_partials_shape(b, splits, kv, m_pad, d),
+      out_shape=out_shape,
       compiler_params=pltpu.CompilerParams(
           dimension_semantics=("parallel", "parallel", "parallel", "arbitrary")),
       interpret=interpret,
       name="tree_attention_tpu",
-  )(length, qm, k2, v2, words)
+      cost_estimate=_cost_estimate(inputs, out_shape, rows=b * kv * m_pad, seq_len=s,
+                                   head_dim=d),
+  )(*inputs)
 
 
 # ------------------------------------------------------------------------------------------------

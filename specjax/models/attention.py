@@ -3,12 +3,14 @@
 Every forward pass of the decoder is the same computation: T new queries attend to the committed
 prefix of the cache (slots `< length`) plus those of the new tokens that `new_mask` allows.
 Prefill is `length = 0` with a causal `new_mask`; a decode step is T = 1; verifying a draft tree
-is T = N with the tree's ancestor-or-self mask. Implementations are registered by name and chosen
-by `ModelConfig.attention_impl`; `pallas_kernels` registers `"pallas"` when imported.
+is T = N with the tree's ancestor-or-self mask. Implementations are registered here by name and
+chosen by `ModelConfig.attention_impl`. `"pallas"` (`specjax.models.pallas_attention`) is a lazy
+entry, imported on its first `get_attention_impl`, so importing specjax never imports Pallas.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Protocol
 
 import jax
@@ -57,18 +59,29 @@ def xla_attention(q, k, v, length, new_mask, *, sm_scale):
   return out.reshape(b, t, h, d).astype(q.dtype)
 
 
+# The one registry of implementations. A lazy entry names the module that defines it (as
+# "module:attribute"): resolving it on first use keeps the kernel's imports off every other path.
 _IMPLS: dict[str, AttentionFn] = {"xla": xla_attention}
+_LAZY: dict[str, str] = {"pallas": "specjax.models.pallas_attention:pallas_attention"}
 
 
 def register_attention_impl(name: str, fn: AttentionFn) -> None:
-  """Makes `fn` selectable as `ModelConfig(attention_impl=name)`."""
+  """Makes `fn` selectable as `ModelConfig(attention_impl=name)`; replaces any entry of `name`."""
+  _LAZY.pop(name, None)
   _IMPLS[name] = fn
 
 
-def get_attention_impl(name: str) -> AttentionFn:
-  if name == "pallas" and name not in _IMPLS:
-    import pallas_kernels  # noqa: F401  (registers "pallas" on import)
-  if name not in _IMPLS:
-    raise ValueError(f"unknown attention_impl {name!r}; registered: {sorted(_IMPLS)}")
-  return _IMPLS[name]
+def attention_impls() -> list[str]:
+  """The registered names, lazy ones included (what `ModelConfig` accepts)."""
+  return sorted(_IMPLS.keys() | _LAZY.keys())
 
+
+def get_attention_impl(name: str) -> AttentionFn:
+  """The AttentionFn of `name`; a lazy entry's module is imported here, once."""
+  if name in _LAZY:
+    module, attr = _LAZY[name].split(":")
+    fn = getattr(importlib.import_module(module), attr)
+    register_attention_impl(name, fn)
+  if name not in _IMPLS:
+    raise ValueError(f"unknown attention_impl {name!r}; registered: {attention_impls()}")
+  return _IMPLS[name]

@@ -14,8 +14,9 @@ from typing import Any, Literal
 
 import jax.numpy as jnp
 
+from specjax.models.attention import attention_impls
+
 Architecture = Literal["llama", "qwen2", "qwen3"]
-AttentionImpl = Literal["xla", "pallas"]
 
 # HF `architectures[0]` and `model_type` -> our family name.
 _HF_ARCHITECTURES = {
@@ -73,7 +74,7 @@ class ModelConfig:
   bos_token_id: int | None = None
   eos_token_id: tuple[int, ...] = ()
   dtype: str = "float32"  # parameter and activation dtype
-  attention_impl: AttentionImpl = "xla"
+  attention_impl: str = "xla"  # a name registered in `specjax.models.attention`
 
   def __post_init__(self):
     if self.architecture not in _ARCH_TO_HF:
@@ -84,8 +85,9 @@ class ModelConfig:
                        f"({self.num_kv_heads})")
     if self.dtype not in _DTYPES:
       raise ValueError(f"unsupported dtype {self.dtype!r}; supported: {sorted(_DTYPES)}")
-    if self.attention_impl not in ("xla", "pallas"):
-      raise ValueError(f"unknown attention_impl {self.attention_impl!r}; use 'xla' or 'pallas'")
+    if self.attention_impl not in attention_impls():
+      raise ValueError(f"unknown attention_impl {self.attention_impl!r}; "
+                       f"registered: {attention_impls()}")
     for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
                  "head_dim", "max_position_embeddings"):
       if getattr(self, name) <= 0:

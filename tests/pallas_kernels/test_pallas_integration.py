@@ -8,17 +8,31 @@ autoregressive decoding, on the embedded target in its shipped dtype.
 
 from __future__ import annotations
 
+import pathlib
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import specjax
+from pallas_kernels.bench import random_tree_mask
 from specjax import assets, drafters
 from specjax.models import attention, decoder
-import pallas_kernels
-from pallas_kernels import MAX_TREE_TOKENS, pallas_attention
-from pallas_kernels.bench import random_tree_mask
+from specjax.models import pallas_attention as adapter
+from specjax.models.pallas_attention import MAX_TREE_TOKENS, pallas_attention
+
+_ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def test_kernel_package_imports_no_specjax():
+  """`pallas_kernels` is a leaf: the kernels, references and bench stand without the model."""
+  code = ("import sys, pallas_kernels, pallas_kernels.bench\n"
+          "loaded = [m for m in sys.modules if m.split('.')[0] == 'specjax']\n"
+          "assert not loaded, loaded\n")
+  subprocess.run([sys.executable, "-c", code], check=True, cwd=_ROOT)
 
 
 def _inputs(seed, b, t, h, kv, d, s):
@@ -52,7 +66,7 @@ def test_adapter_falls_back_to_xla():
   mask = decoder.causal_mask(jnp.array([MAX_TREE_TOKENS + 1]), MAX_TREE_TOKENS + 1)
   for length in (jnp.zeros((1,), jnp.int32), None):  # a long prefill; no cache at all
     kv = k if length is not None else k[:, :MAX_TREE_TOKENS + 1]
-    assert not pallas_kernels.attention_impl.kernel_applies(q, kv, length)
+    assert not adapter.kernel_applies(q, kv, length)
     want = attention.xla_attention(q, kv, kv, length, mask, sm_scale=0.2)
     np.testing.assert_array_equal(pallas_attention(q, kv, kv, length, mask, sm_scale=0.2), want)
 
@@ -60,8 +74,8 @@ def test_adapter_falls_back_to_xla():
 def test_registered_and_used_by_the_model(monkeypatch):
   assert attention.get_attention_impl("pallas") is pallas_attention
   calls = []
-  kernel = pallas_kernels.attention_impl.tree_attention
-  monkeypatch.setattr(pallas_kernels.attention_impl, "tree_attention",
+  kernel = adapter.tree_attention
+  monkeypatch.setattr(adapter, "tree_attention",
                       lambda q, *a, **kw: calls.append(q.shape[1]) or kernel(q, *a, **kw))
   cfg = specjax.ModelConfig(architecture="qwen3", vocab_size=64, hidden_size=32,
                             intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
@@ -109,4 +123,15 @@ def test_benchmark_entry_point_runs(capsys):
                              "--cpu-max-size", "64"])
   checked = [r for r in rows if r.impl == "pallas" and r.seconds]
   assert len(checked) == 2 and all(r.note == "ok" for r in checked)
+  assert [r.impl for r in rows if r.seconds] == ["pallas", "reference", "xla"] * 2
   assert "max err" in capsys.readouterr().out
+
+
+def test_bench_times_the_implementations_passed_in():
+  from pallas_kernels import bench, tree_attention_reference
+  shape = dict(heads=4, kv_heads=2, head_dim=32, dtype="float32", iters=1)
+  rows = bench.run([40], [3], **shape, impls={"again": tree_attention_reference})
+  assert [r.impl for r in rows] == ["pallas", "reference", "again"]
+  assert rows[0].note == "ok" and all(r.seconds for r in rows)
+  with pytest.raises(ValueError, match="always run"):
+    bench.run([40], [3], **shape, impls={"reference": tree_attention_reference})

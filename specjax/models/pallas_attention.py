@@ -12,6 +12,9 @@
 Shapes the kernel cannot take (a head_dim that is not a power of two >= 16 on the GPU path, a
 block longer than the cache) also fall back to XLA. On a CPU backend the kernel runs in Pallas
 interpret mode, so `"pallas"` works everywhere; only on GPU/TPU is it fast.
+
+`specjax.models.attention` lists this module as the lazy `"pallas"` entry of its registry: it is
+imported on the first `get_attention_impl("pallas")`, so the rest of specjax never loads Pallas.
 """
 
 from __future__ import annotations
