@@ -23,6 +23,7 @@ import optax
 from specjax.data import pipeline, stdlib_code
 from specjax.data import tokenizer as tokenizer_lib
 from specjax.interop.hf import save_hf
+from specjax.interop.tokenizer import load_tokenizer
 from specjax.models import decoder
 from specjax.models.config import ModelConfig
 from specjax.target import Target
@@ -101,9 +102,9 @@ def unigram_baseline(train_stream: np.ndarray, heldout_stream: np.ndarray, vocab
 def _tokenizer(cfg: LMTrainConfig, train_texts):
   path = os.path.join(cfg.workdir, "tokenizer.json")
   if cfg.data.tokenizer_path:
-    tok = tokenizer_lib.load_tokenizer(cfg.data.tokenizer_path)
+    tok = tokenizer_lib.for_corpus(load_tokenizer(cfg.data.tokenizer_path))
   elif os.path.exists(path):  # resuming: never retrain, the checkpoints depend on these ids
-    tok = tokenizer_lib.load_tokenizer(path)
+    tok = tokenizer_lib.for_corpus(load_tokenizer(path))
   else:
     tok = tokenizer_lib.train_tokenizer(train_texts, vocab_size=cfg.model.vocab_size)
   if tok.get_vocab_size() != cfg.model.vocab_size:
