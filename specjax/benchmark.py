@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
-from specjax import assets, drafters
+from specjax import assets, drafters, metrics
 from specjax.decoding import generate, profile_phases
 from specjax.interop.hf import load_target
 from specjax.target import Target
@@ -118,12 +118,9 @@ def run_methods(target: Target, runs: Sequence[tuple[str, dict[str, Any] | None]
     phases = profile_phases(target, [prompts[0]], drafter=drafter, repeats=cfg.profile_repeats,
                             max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                             top_k=cfg.top_k, top_p=cfg.top_p, pad_to=pad_to)
-    hist = a["hist"]
-    reached = hist[::-1].cumsum()[::-1]
-    alpha = [float(reached[d] / reached[d - 1]) if reached[d - 1] else None
-             for d in range(1, len(hist))]
+    alpha = metrics.acceptance_by_depth(a["hist"])  # None where never reached (JSON)
     records.append({
-        "method": method, "tau": a["tokens"] / a["calls"],
+        "method": method, "tau": metrics.tau(a["tokens"], a["calls"]),
         "tokens_per_second": a["tokens"] / a["wall"], "target_calls": a["calls"],
         "new_tokens": a["tokens"], "wall_seconds": a["wall"], "acceptance_by_depth": alpha,
         "t_prefill_ms": phases["t_prefill"] * 1e3, "t_draft_ms": phases["t_draft"] * 1e3,
