@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
-from specjax import assets, drafters, metrics
+from specjax import assets, config_utils, drafters, metrics
 from specjax.decoding import generate, profile_phases
 from specjax.interop.hf import load_target
 from specjax.target import Target
@@ -48,23 +48,17 @@ class BenchmarkConfig:
   drafter_options: tuple[str, ...] = ()
 
   def options_for(self, method: str) -> dict[str, Any]:
+    """`method`'s builder options; values are Python literals (`4`, `[[0], [0, 0]]`) or text."""
     out: dict[str, Any] = {}
     for item in self.drafter_options:
-      key, _, value = item.partition("=")
+      what, form = "drafter option", "method.option=value"
+      key, value = config_utils.parse_assignment(item, what, form)
       name, _, option = key.partition(".")
       if not option or not value:
-        raise ValueError(f"drafter option {item!r} is not of the form method.option=value")
+        raise ValueError(f"{what} {item!r} is not of the form {form}")
       if name == method:
-        out[option] = _literal(value)
+        out[option] = config_utils.parse_value(value)
     return out
-
-
-def _literal(text: str) -> Any:
-  import ast
-  try:
-    return ast.literal_eval(text)
-  except (ValueError, SyntaxError):
-    return text
 
 
 def load_prompts(target: Target, dataset: str, cfg: BenchmarkConfig) -> list[list[int]]:

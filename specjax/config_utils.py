@@ -6,6 +6,7 @@ Overrides are `dotted.path=value` strings applied to nested frozen dataclasses, 
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import importlib
 import importlib.util
@@ -31,41 +32,75 @@ def load_config(name_or_path: str, overrides: Sequence[str] = ()) -> Any:
   return apply_overrides(module.get_config(), overrides)
 
 
+def parse_assignment(item: str, what: str = "override", form: str = "dotted.path=value"
+                     ) -> tuple[str, str]:
+  """`dotted.path=value` -> (path, raw value text): the one syntax of `--set` items and of the
+  benchmark's drafter options (`what` and `form` word the error)."""
+  path, sep, raw = item.partition("=")
+  if not sep or not path or not all(path.split(".")):
+    raise ValueError(f"{what} {item!r} is not of the form {form}")
+  return path, raw
+
+
 def apply_overrides(cfg: Any, overrides: Sequence[str]) -> Any:
   """Applies all overrides at once, so no intermediate config has to be valid on its own."""
   tree: dict[str, Any] = {}
   for item in overrides:
-    if "=" not in item:
-      raise ValueError(f"override {item!r} is not of the form dotted.path=value")
-    path, value = item.split("=", 1)
+    path, raw = parse_assignment(item)
     *parents, leaf = path.split(".")
     node = tree
     for name in parents:
       node = node.setdefault(name, {})
       if not isinstance(node, dict):
         raise ValueError(f"override {item!r} conflicts with another override of {name}")
-    node[leaf] = value
+    if isinstance(node.get(leaf), dict):
+      raise ValueError(f"override {item!r} conflicts with another override of {leaf}")
+    node[leaf] = _Leaf(raw, item)
   return _apply(cfg, tree, "")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Leaf:
+  raw: str
+  item: str  # the override it came from, for error messages
+
+
+def _items(tree: dict[str, Any]) -> list[str]:
+  return [v.item for v in tree.values() if isinstance(v, _Leaf)] + [
+      i for v in tree.values() if isinstance(v, dict) for i in _items(v)]
 
 
 def _apply(obj: Any, changes: dict[str, Any], prefix: str) -> Any:
   if not dataclasses.is_dataclass(obj):
-    raise ValueError(f"cannot override {prefix or 'config'}: {type(obj).__name__} is not a config")
+    raise ValueError(f"override {_items(changes)[0]!r}: {prefix.rstrip('.')} is not a config "
+                     f"(it is a {type(obj).__name__} value)")
   fields = {f.name for f in dataclasses.fields(obj)}
   hints = typing.get_type_hints(type(obj))
   updates = {}
   for name, value in changes.items():
     if name not in fields:
-      raise ValueError(f"{type(obj).__name__} has no field {prefix + name!r}; "
-                       f"fields: {sorted(fields)}")
+      item = value.item if isinstance(value, _Leaf) else _items(value)[0]
+      raise ValueError(f"override {item!r}: {type(obj).__name__} has no field "
+                       f"{prefix + name!r}; fields: {sorted(fields)}")
     if isinstance(value, dict):
       updates[name] = _apply(getattr(obj, name), value, f"{prefix}{name}.")
     else:
-      updates[name] = _parse(value, hints.get(name, str), prefix + name)
+      updates[name] = parse_value(value.raw, hints.get(name, str), item=value.item)
   return dataclasses.replace(obj, **updates)
 
 
-def _parse(raw: str, typ: Any, name: str) -> Any:
+_UNTYPED = object()
+
+
+def parse_value(raw: str, typ: Any = _UNTYPED, *, item: str | None = None) -> Any:
+  """The value of `raw` for a field of type `typ` (bool, int, float, str, Literal, tuple, and
+  unions of them with None). Untyped (no `typ`): a Python literal if `raw` is one (`4` -> 4,
+  `[[0], [0, 0]]` -> a list), else the text itself (`tree8`), as drafter options need."""
+  if typ is _UNTYPED:
+    try:
+      return ast.literal_eval(raw)
+    except (ValueError, SyntaxError):
+      return raw
   options = typing.get_args(typ) if isinstance(typ, types.UnionType) or typing.get_origin(
       typ) is typing.Union else (typ,)
   if raw.lower() == "none" and type(None) in options:
@@ -86,4 +121,10 @@ def _parse(raw: str, typ: Any, name: str) -> Any:
     elif typing.get_origin(t) is tuple:
       return tuple(int(v) if v.strip().lstrip("-").isdigit() else v.strip()
                    for v in raw.split(",") if v.strip())
-  raise ValueError(f"cannot parse {raw!r} for field {name} of type {typ}")
+  where = f"override {item!r}: " if item is not None else ""
+  raise ValueError(f"{where}cannot parse {raw!r} as {_type_name(typ)}")
+
+
+def _type_name(typ: Any) -> str:
+  return typ.__name__ if isinstance(typ, type) else str(typ).replace("typing.", "")
+
