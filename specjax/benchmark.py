@@ -220,7 +220,7 @@ def run(cfg: BenchmarkConfig) -> list[dict[str, Any]]:
       records += group
   os.makedirs(cfg.out, exist_ok=True)
   with open(os.path.join(cfg.out, "results.json"), "w") as f:
-    json.dump({"config": dataclasses.asdict(cfg), "records": records}, f, indent=1)
+    json.dump({"config": config_utils.to_dict(cfg), "records": records}, f, indent=1)
   table = markdown(records, cfg)
   with open(os.path.join(cfg.out, "results.md"), "w") as f:
     f.write(table)

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from specjax.config_utils import to_dict
 from specjax.data import pipeline, stdlib_code
 from specjax.data import tokenizer as tokenizer_lib
 from specjax.interop.hf import save_hf
@@ -200,7 +201,7 @@ def export(cfg: LMTrainConfig, model_cfg: ModelConfig, result: loop.TrainResult,
   metadata = {
       "model": export_cfg.to_hf_dict(),
       "num_params": decoder.num_params(params),
-      "training": jsonable(dataclasses.asdict(cfg)),
+      "training": to_dict(cfg, strings=portable_path),
       "steps": result.step,
       "tokens_seen": result.step * cfg.batch_size * cfg.seq_len,
       "wall_seconds": round(result.elapsed_seconds, 1),
@@ -210,7 +211,7 @@ def export(cfg: LMTrainConfig, model_cfg: ModelConfig, result: loop.TrainResult,
       "unigram_baseline_loss": unigram_baseline(data.train_stream, data.heldout_stream,
                                                 model_cfg.vocab_size),
       "train_tokens": int(data.train_stream.size),
-      "corpus": jsonable(data.corpus),
+      "corpus": to_dict(data.corpus, strings=portable_path),
       "trainer_python": sys.version.split()[0],
   }
   save_hf(Target(export_cfg, params, data.tokenizer), export_dir,
@@ -219,17 +220,9 @@ def export(cfg: LMTrainConfig, model_cfg: ModelConfig, result: loop.TrainResult,
 
 
 def jsonable(x):
-  """JSON-ready copy of `x` with machine paths made portable (`portable_path`)."""
-  plain = json.loads(json.dumps(x, default=str))
-
-  def fix(v):
-    if isinstance(v, dict):
-      return {k: fix(w) for k, w in v.items()}
-    if isinstance(v, list):
-      return [fix(w) for w in v]
-    return portable_path(v) if isinstance(v, str) else v
-
-  return fix(plain)
+  """JSON-ready copy of `x` (a config or plain data) with machine paths made portable: the form
+  of shipped metadata."""
+  return to_dict(x, strings=portable_path)
 
 
 def portable_path(text: str) -> str:
