@@ -7,20 +7,15 @@ Writes DIR/results.json (one record per method and dataset), DIR/results.md and 
 
 from __future__ import annotations
 
-import argparse
-
+from specjax import cli
 from specjax.benchmark import markdown, run
-from specjax.config_utils import load_config
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--config", default="configs/benchmark.py")
+  parser = cli.config_parser(__doc__.splitlines()[0], default_config="configs/benchmark.py")
   parser.add_argument("--out", default=None, help="output folder (default: the config's)")
-  parser.add_argument("--set", action="append", default=[], metavar="PATH=VALUE")
   args = parser.parse_args(argv)
-  overrides = list(args.set) + ([f"out={args.out}"] if args.out else [])
-  cfg = load_config(args.config, overrides)
+  cfg = cli.load_from_args(args, [f"out={args.out}"] if args.out else [])
   records = run(cfg)
   print()
   print(markdown(records, cfg))

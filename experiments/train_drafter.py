@@ -9,22 +9,16 @@ the config's workdir and reaches the same parameters as an uninterrupted run.
 
 from __future__ import annotations
 
-import argparse
 import json
 
-from specjax.config_utils import load_config
+from specjax import cli
 from specjax.train.drafter import train_drafter
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--config", required=True)
-  parser.add_argument("--set", action="append", default=[], metavar="PATH=VALUE",
-                      help="override a config field, e.g. --set optim.total_steps=100")
-  parser.add_argument("--stop-after", type=int, default=None,
-                      help="stop after this many steps of this run (checkpointed)")
+  parser = cli.config_parser(__doc__.splitlines()[0], stop_after=True)
   args = parser.parse_args(argv)
-  cfg = load_config(args.config, args.set)
+  cfg = cli.load_from_args(args)
   summary = train_drafter(cfg, stop_after=args.stop_after)
   if summary["finished"]:
     meta = summary["metadata"]

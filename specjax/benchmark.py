@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
-from specjax import assets, drafters
+from specjax import assets, config_utils, drafters, metrics
 from specjax.decoding import generate, profile_phases
 from specjax.interop.hf import load_target
 from specjax.target import Target
@@ -48,23 +48,17 @@ class BenchmarkConfig:
   drafter_options: tuple[str, ...] = ()
 
   def options_for(self, method: str) -> dict[str, Any]:
+    """`method`'s builder options; values are Python literals (`4`, `[[0], [0, 0]]`) or text."""
     out: dict[str, Any] = {}
     for item in self.drafter_options:
-      key, _, value = item.partition("=")
+      what, form = "drafter option", "method.option=value"
+      key, value = config_utils.parse_assignment(item, what, form)
       name, _, option = key.partition(".")
       if not option or not value:
-        raise ValueError(f"drafter option {item!r} is not of the form method.option=value")
+        raise ValueError(f"{what} {item!r} is not of the form {form}")
       if name == method:
-        out[option] = _literal(value)
+        out[option] = config_utils.parse_value(value)
     return out
-
-
-def _literal(text: str) -> Any:
-  import ast
-  try:
-    return ast.literal_eval(text)
-  except (ValueError, SyntaxError):
-    return text
 
 
 def load_prompts(target: Target, dataset: str, cfg: BenchmarkConfig) -> list[list[int]]:
@@ -118,12 +112,9 @@ def run_methods(target: Target, runs: Sequence[tuple[str, dict[str, Any] | None]
     phases = profile_phases(target, [prompts[0]], drafter=drafter, repeats=cfg.profile_repeats,
                             max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                             top_k=cfg.top_k, top_p=cfg.top_p, pad_to=pad_to)
-    hist = a["hist"]
-    reached = hist[::-1].cumsum()[::-1]
-    alpha = [float(reached[d] / reached[d - 1]) if reached[d - 1] else None
-             for d in range(1, len(hist))]
+    alpha = metrics.acceptance_by_depth(a["hist"])  # None where never reached (JSON)
     records.append({
-        "method": method, "tau": a["tokens"] / a["calls"],
+        "method": method, "tau": metrics.tau(a["tokens"], a["calls"]),
         "tokens_per_second": a["tokens"] / a["wall"], "target_calls": a["calls"],
         "new_tokens": a["tokens"], "wall_seconds": a["wall"], "acceptance_by_depth": alpha,
         "t_prefill_ms": phases["t_prefill"] * 1e3, "t_draft_ms": phases["t_draft"] * 1e3,
@@ -229,7 +220,7 @@ def run(cfg: BenchmarkConfig) -> list[dict[str, Any]]:
       records += group
   os.makedirs(cfg.out, exist_ok=True)
   with open(os.path.join(cfg.out, "results.json"), "w") as f:
-    json.dump({"config": dataclasses.asdict(cfg), "records": records}, f, indent=1)
+    json.dump({"config": config_utils.to_dict(cfg), "records": records}, f, indent=1)
   table = markdown(records, cfg)
   with open(os.path.join(cfg.out, "results.md"), "w") as f:
     f.write(table)

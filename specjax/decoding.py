@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from specjax import trees, verify
+from specjax import metrics, trees, verify
 from specjax.drafters.base import (DraftContext, Drafter, NoDrafter, Prefill, RoundResult,
                                    TargetView)
 from specjax.models import decoder
@@ -73,10 +73,7 @@ class Stats:
   @property
   def acceptance_by_depth(self) -> tuple[float, ...]:
     """alpha_d = P(a depth-d node is accepted | its parent was), d = 1..N (the field's metric)."""
-    hist = np.asarray(self.accepted_by_depth, np.float64)
-    reached = hist[::-1].cumsum()[::-1]  # reached[d] = rounds with >= d accepted
-    return tuple(float(reached[d] / reached[d - 1]) if reached[d - 1] else float("nan")
-                 for d in range(1, len(hist)))
+    return tuple(metrics.acceptance_by_depth(self.accepted_by_depth, unreached=float("nan")))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -287,7 +284,7 @@ def generate(target: Target, prompts: Sequence[str | Sequence[int]], *, max_new_
   rounds = int(state.rounds)
   stats = Stats(
       tokens_per_second=n_new / wall if wall > 0 else float("inf"),
-      tau=float(np.mean([len(t) / c for t, c in zip(tokens, calls)])),
+      tau=float(np.mean([metrics.tau(len(t), c) for t, c in zip(tokens, calls)])),
       target_calls=rounds + 1,
       drafter_calls=rounds if drafter.num_nodes else 0,
       new_tokens=n_new,

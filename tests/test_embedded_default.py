@@ -79,7 +79,8 @@ def test_tokenizer_round_trips_every_heldout_file():
   """decode(encode(text)) == text exactly for every held-out stdlib file (code is whitespace-
   and byte-sensitive)."""
   from specjax import data
-  tok = data.load_tokenizer(assets.TARGET_DIR)
+  from specjax.interop.tokenizer import load_tokenizer
+  tok = data.for_corpus(load_tokenizer(assets.TARGET_DIR))
   heldout = data.load_stdlib_code("heldout")
   assert len(heldout) > 0
   for ex in heldout:

@@ -10,6 +10,10 @@ Typical use (shape letters: B batch, T tokens):
   for batch in data.make_train_iterator(packed, B, seed=0, start_step=step):
     ...  # batch['inputs'], batch['targets']: int32[B, T]
 
+A saved tokenizer is reused as `data.for_corpus(load_tokenizer(path))`
+(`specjax.interop.tokenizer.load_tokenizer`, the one loader; `for_corpus` adds the corpus
+settings that tokenizer.json does not store).
+
 Datasets live in `default_data_dir()` ($SPECJAX_DATA_DIR, else ~/.cache/specjax/...).
 """
 
@@ -31,7 +35,7 @@ from specjax.data.stdlib_code import stdlib_metadata
 from specjax.data.storage import default_data_dir
 from specjax.data.tokenizer import EOS
 from specjax.data.tokenizer import eos_id
-from specjax.data.tokenizer import load_tokenizer
+from specjax.data.tokenizer import for_corpus
 from specjax.data.tokenizer import save_tokenizer
-from specjax.data.tokenizer import tokenizer_fingerprint
 from specjax.data.tokenizer import train_tokenizer
+from specjax.interop.tokenizer import tokenizer_fingerprint

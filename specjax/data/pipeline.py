@@ -23,6 +23,7 @@ import tokenizers
 
 from specjax.data import storage
 from specjax.data import tokenizer as tokenizer_lib
+from specjax.interop.tokenizer import tokenizer_fingerprint
 
 Batch = dict[str, np.ndarray]  # {'inputs': int32[B, T], 'targets': int32[B, T]}
 
@@ -104,7 +105,7 @@ def cached_token_stream(
   """
   texts = list(texts)
   key = hashlib.sha256(
-      (tokenizer_lib.tokenizer_fingerprint(tok) + corpus_fingerprint(texts)).encode()
+      (tokenizer_fingerprint(tok) + corpus_fingerprint(texts)).encode()
   ).hexdigest()[:24]
   cache_dir = storage.resolve_data_dir(cache_dir or default_cache_dir())
   path = os.path.join(cache_dir, f'tokens-{key}.npy')

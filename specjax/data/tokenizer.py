@@ -7,15 +7,15 @@ trimming. Code is whitespace-sensitive, so losing a leading space or a tab would
 
 from __future__ import annotations
 
-import hashlib
 import os
 from typing import Iterable
 
 import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
+from specjax.interop.tokenizer import TOKENIZER_FILE, tokenizer_path
+
 EOS = '<|endoftext|>'
-TOKENIZER_FILE = 'tokenizer.json'
 
 
 def _configure(tok: tokenizers.Tokenizer) -> tokenizers.Tokenizer:
@@ -71,34 +71,18 @@ def eos_id(tok: tokenizers.Tokenizer) -> int:
   return token_id
 
 
-def tokenizer_fingerprint(tok: tokenizers.Tokenizer) -> str:
-  """sha256 of the serialized tokenizer; keys caches of tokenized text."""
-  return hashlib.sha256(tok.to_str().encode('utf-8')).hexdigest()
-
-
-def _json_path(path: str | os.PathLike) -> str:
-  """A directory means `<dir>/tokenizer.json` (the HF folder layout); a `.json` path is used as is."""
-  path = os.fspath(path)
-  return path if path.endswith('.json') else os.path.join(path, TOKENIZER_FILE)
+def for_corpus(tok: tokenizers.Tokenizer) -> tokenizers.Tokenizer:
+  """`tok`, checked and set up for the training corpus (load it with
+  `specjax.interop.tokenizer.load_tokenizer`): it must have EOS, the token the pipeline joins
+  documents with, and gets the runtime settings `tokenizer.json` does not store."""
+  if tok.token_to_id(EOS) is None:
+    raise ValueError(f'tokenizer has no {EOS!r} token; it was not made by train_tokenizer')
+  return _configure(tok)
 
 
 def save_tokenizer(tok: tokenizers.Tokenizer, path: str | os.PathLike) -> str:
   """Writes `tokenizer.json` into directory `path` (or to `path` itself if it ends in .json)."""
-  out = _json_path(path)
+  out = tokenizer_path(path)
   os.makedirs(os.path.dirname(out) or '.', exist_ok=True)
   tok.save(out)
   return out
-
-
-def load_tokenizer(path: str | os.PathLike) -> tokenizers.Tokenizer:
-  """Reads a tokenizer saved by `save_tokenizer`, with errors that name the file."""
-  src = _json_path(path)
-  if not os.path.isfile(src):
-    raise FileNotFoundError(f'no tokenizer file at {src!r}')
-  try:
-    tok = tokenizers.Tokenizer.from_file(src)
-  except Exception as e:  # tokenizers raises a bare Exception on bad JSON.
-    raise ValueError(f'{src!r} is not a valid tokenizer.json: {e}') from e
-  if tok.token_to_id(EOS) is None:
-    raise ValueError(f'{src!r} has no {EOS!r} token; it was not made by train_tokenizer')
-  return _configure(tok)

@@ -10,7 +10,6 @@ after verification its length rolls back to the accepted prefix.
 
 from __future__ import annotations
 
-import hashlib
 import os
 
 import jax
@@ -20,6 +19,7 @@ from flax import nnx, struct
 from specjax import assets, trees
 from specjax.drafters.registry import register
 from specjax.drafters.base import DraftContext, Prefill, RoundResult, TargetView
+from specjax.interop.tokenizer import tokenizer_fingerprint
 from specjax.models import decoder
 from specjax.models.cache import KVCache
 from specjax.models.config import ModelConfig
@@ -90,16 +90,12 @@ class DraftLM:
     return DraftLMState(state.cache.replace(length=state.base + n), state.base)
 
 
-def _tokenizer_id(tok) -> str | None:
-  return None if tok is None else hashlib.sha256(tok.to_str().encode()).hexdigest()
-
-
 def check_compatible(draft, target) -> None:
   """Raises ValueError unless the draft LM can propose tokens in the target's vocabulary."""
   if draft.config.vocab_size != target.config.vocab_size:
     raise ValueError(f"draft LM vocab_size {draft.config.vocab_size} != target vocab_size "
                      f"{target.config.vocab_size}")
-  a, b = _tokenizer_id(draft.tokenizer), _tokenizer_id(target.tokenizer)
+  a, b = tokenizer_fingerprint(draft.tokenizer), tokenizer_fingerprint(target.tokenizer)
   if a is not None and b is not None and a != b:
     raise ValueError("the draft LM's tokenizer differs from the target's: token ids would not "
                      "mean the same thing")
@@ -113,8 +109,8 @@ def _usable(target) -> bool:
   if cfg.vocab_size != target.config.vocab_size or target.tokenizer is None:
     return False
   from specjax.interop.tokenizer import load_tokenizer
-  tok = load_tokenizer(os.path.join(assets.DRAFT_LM_DIR, "tokenizer.json"))
-  return _tokenizer_id(tok) == _tokenizer_id(target.tokenizer)
+  tok = load_tokenizer(assets.DRAFT_LM_DIR)
+  return tokenizer_fingerprint(tok) == tokenizer_fingerprint(target.tokenizer)
 
 
 @register("draft_lm", usable=_usable,

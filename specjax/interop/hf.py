@@ -136,7 +136,7 @@ def load_target(path: str | os.PathLike, dtype: str | None = None, *,
   tok = None
   if tokenizer and os.path.exists(os.path.join(path, "tokenizer.json")):
     from specjax.interop.tokenizer import load_tokenizer
-    tok = load_tokenizer(os.path.join(path, "tokenizer.json"), vocab_size=cfg.vocab_size)
+    tok = load_tokenizer(path, vocab_size=cfg.vocab_size)
   return Target(cfg, params, tok)
 
 

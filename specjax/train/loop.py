@@ -20,6 +20,7 @@ import numpy as np
 import optax
 from tqdm.auto import tqdm
 
+from specjax.config_utils import to_dict
 from specjax.train.checkpoint import Checkpointer
 
 LossFn = Callable[[Any, dict[str, jax.Array]], tuple[jax.Array, dict[str, jax.Array]]]
@@ -67,8 +68,7 @@ def check_run_config(workdir: str, cfg: Any) -> None:
   NOT_RUN_SETTINGS) in `workdir`, and refuses to resume a run that was started with other ones:
   its checkpoints would continue under another schedule or data, and the result would match
   neither run."""
-  settings = {k: v for k, v in json.loads(json.dumps(dataclasses.asdict(cfg), default=str)).items()
-              if k not in NOT_RUN_SETTINGS}
+  settings = {k: v for k, v in to_dict(cfg).items() if k not in NOT_RUN_SETTINGS}
   path = os.path.join(workdir, RUN_CONFIG)
   if os.path.isfile(path):
     with open(path) as f:

@@ -20,9 +20,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from specjax.config_utils import to_dict
 from specjax.data import pipeline, stdlib_code
 from specjax.data import tokenizer as tokenizer_lib
 from specjax.interop.hf import save_hf
+from specjax.interop.tokenizer import load_tokenizer
 from specjax.models import decoder
 from specjax.models.config import ModelConfig
 from specjax.target import Target
@@ -101,9 +103,9 @@ def unigram_baseline(train_stream: np.ndarray, heldout_stream: np.ndarray, vocab
 def _tokenizer(cfg: LMTrainConfig, train_texts):
   path = os.path.join(cfg.workdir, "tokenizer.json")
   if cfg.data.tokenizer_path:
-    tok = tokenizer_lib.load_tokenizer(cfg.data.tokenizer_path)
+    tok = tokenizer_lib.for_corpus(load_tokenizer(cfg.data.tokenizer_path))
   elif os.path.exists(path):  # resuming: never retrain, the checkpoints depend on these ids
-    tok = tokenizer_lib.load_tokenizer(path)
+    tok = tokenizer_lib.for_corpus(load_tokenizer(path))
   else:
     tok = tokenizer_lib.train_tokenizer(train_texts, vocab_size=cfg.model.vocab_size)
   if tok.get_vocab_size() != cfg.model.vocab_size:
@@ -199,7 +201,7 @@ def export(cfg: LMTrainConfig, model_cfg: ModelConfig, result: loop.TrainResult,
   metadata = {
       "model": export_cfg.to_hf_dict(),
       "num_params": decoder.num_params(params),
-      "training": jsonable(dataclasses.asdict(cfg)),
+      "training": to_dict(cfg, strings=portable_path),
       "steps": result.step,
       "tokens_seen": result.step * cfg.batch_size * cfg.seq_len,
       "wall_seconds": round(result.elapsed_seconds, 1),
@@ -209,7 +211,7 @@ def export(cfg: LMTrainConfig, model_cfg: ModelConfig, result: loop.TrainResult,
       "unigram_baseline_loss": unigram_baseline(data.train_stream, data.heldout_stream,
                                                 model_cfg.vocab_size),
       "train_tokens": int(data.train_stream.size),
-      "corpus": jsonable(data.corpus),
+      "corpus": to_dict(data.corpus, strings=portable_path),
       "trainer_python": sys.version.split()[0],
   }
   save_hf(Target(export_cfg, params, data.tokenizer), export_dir,
@@ -218,17 +220,9 @@ def export(cfg: LMTrainConfig, model_cfg: ModelConfig, result: loop.TrainResult,
 
 
 def jsonable(x):
-  """JSON-ready copy of `x` with machine paths made portable (`portable_path`)."""
-  plain = json.loads(json.dumps(x, default=str))
-
-  def fix(v):
-    if isinstance(v, dict):
-      return {k: fix(w) for k, w in v.items()}
-    if isinstance(v, list):
-      return [fix(w) for w in v]
-    return portable_path(v) if isinstance(v, str) else v
-
-  return fix(plain)
+  """JSON-ready copy of `x` (a config or plain data) with machine paths made portable: the form
+  of shipped metadata."""
+  return to_dict(x, strings=portable_path)
 
 
 def portable_path(text: str) -> str:

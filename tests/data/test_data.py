@@ -14,6 +14,7 @@ import pytest
 from specjax import data
 from specjax.data import pipeline
 from specjax.data import stdlib_code
+from specjax.interop.tokenizer import load_tokenizer
 
 # (relative path, text). Names mod_67 / mod_154 hash into the held-out split, mod_0 / mod_1 do
 # not (sha256 rule, checked independently in test_heldout_assignment_is_the_sha256_rule).
@@ -200,19 +201,30 @@ def test_tokenizer_vocab_size_and_eos(small_tok):
 def test_tokenizer_save_load(small_tok, tmp_path):
   path = data.save_tokenizer(small_tok, tmp_path / 'tok')
   assert path.endswith('tokenizer.json')
-  loaded = data.load_tokenizer(tmp_path / 'tok')
+  loaded = data.for_corpus(load_tokenizer(tmp_path / 'tok'))
+  assert loaded.encode_special_tokens  # the corpus setting tokenizer.json does not store
   for text in WEIRD_TEXTS:
     assert loaded.encode(text).ids == small_tok.encode(text).ids
   assert data.tokenizer_fingerprint(loaded) == data.tokenizer_fingerprint(small_tok)
 
 
-def test_load_tokenizer_errors_name_the_file(tmp_path):
+def test_load_tokenizer_errors_name_the_file(small_tok, tmp_path):
   with pytest.raises(FileNotFoundError, match='missing'):
-    data.load_tokenizer(tmp_path / 'missing')
+    load_tokenizer(tmp_path / 'missing')
   bad = tmp_path / 'bad.json'
   bad.write_text('{not json')
   with pytest.raises(ValueError, match='bad.json'):
-    data.load_tokenizer(bad)
+    load_tokenizer(bad)
+  path = data.save_tokenizer(small_tok, tmp_path / 'tok')
+  with pytest.raises(ValueError, match=r'tokenizer\.json.* vocab_size is 257'):
+    load_tokenizer(path, vocab_size=257)
+
+
+def test_for_corpus_requires_eos():
+  """A tokenizer without EOS cannot join documents; the pipeline refuses it."""
+  tok = data.tokenizer.new_tokenizer()
+  with pytest.raises(ValueError, match='endoftext'):
+    data.for_corpus(tok)
 
 
 def test_tokenize_corpus_matches_single_encodes(small_tok):

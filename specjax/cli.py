@@ -1,0 +1,57 @@
+"""The command line shared by the experiment entry points: `--config`, `--set`, `--stop-after`.
+
+A config problem (a bad `--set` item, an unknown field, a value the config refuses) is a usage
+error: one line `error: <message>` on stderr and exit status 2, before any work starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any, NoReturn, Sequence
+
+from specjax.config_utils import load_config
+
+
+def config_parser(description: str, *, default_config: str | None = None,
+                  stop_after: bool = False) -> argparse.ArgumentParser:
+  """An ArgumentParser with `--config` (required without a default), repeatable `--set` and,
+  for resumable trainers, `--stop-after`."""
+  parser = argparse.ArgumentParser(description=description)
+  parser.add_argument("--config", default=default_config, required=default_config is None,
+                      help="configs/<name>.py, configs.<name> or <name>"
+                      + (f" (default: {default_config})" if default_config else ""))
+  parser.add_argument("--set", action="append", default=[], metavar="PATH=VALUE",
+                      help="override a config field, e.g. --set optim.total_steps=100")
+  if stop_after:
+    parser.add_argument("--stop-after", type=int, default=None,
+                        help="stop after this many steps of this run (checkpointed)")
+  return parser
+
+
+def resolve_config_path(name_or_path: str) -> str:
+  """A config file path that does not exist from the working directory is looked up from the
+  root holding the `configs` package, so `--config configs/x.py` works from anywhere."""
+  if not (name_or_path.endswith(".py") or os.sep in name_or_path):
+    return name_or_path  # a module name: imported, not opened
+  if os.path.isabs(name_or_path) or os.path.exists(name_or_path):
+    return name_or_path
+  import configs
+  root = os.path.dirname(os.path.dirname(os.path.abspath(configs.__file__)))
+  candidate = os.path.join(root, name_or_path)
+  return candidate if os.path.exists(candidate) else name_or_path
+
+
+def load_from_args(args: argparse.Namespace, extra_overrides: Sequence[str] = ()) -> Any:
+  """`args.config` with `args.set` and `extra_overrides` applied; a config error exits (2)."""
+  try:
+    return load_config(resolve_config_path(args.config), [*args.set, *extra_overrides])
+  except (ValueError, ImportError) as e:
+    fail(str(e))
+
+
+def fail(message: str) -> NoReturn:
+  """Prints `error: <message>` as one line on stderr and exits with status 2 (a usage error)."""
+  print("error: " + " ".join(message.split()), file=sys.stderr)
+  sys.exit(2)
