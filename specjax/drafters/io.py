@@ -20,16 +20,16 @@ import json
 import os
 from typing import Any, Callable, Sequence
 
-import hashlib
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from safetensors import SafetensorError, safe_open
 from safetensors.flax import save_file
 
-from specjax import assets
+from specjax import assets, config_utils
 from specjax.drafters import learned
 from specjax.drafters import registry
+from specjax.interop.tokenizer import tokenizer_fingerprint
 from specjax.models.config import ModelConfig
 
 CONFIG = "config.json"
@@ -58,22 +58,8 @@ def register_family(fam: learned.Family) -> learned.Family:
 family = registry.family
 
 
-def _net_to_dict(net) -> dict[str, Any]:
-  return learned.asdict_static(net)
-
-
-def _net_from_dict(cls, d: dict[str, Any]):
-  kwargs = {}
-  for f in dataclasses.fields(cls):
-    if f.name not in d:
-      continue
-    v = d[f.name]
-    kwargs[f.name] = ModelConfig.from_hf_dict(v) if f.name == "model" else v
-  return cls(**kwargs)
-
-
-def tokenizer_sha256(tokenizer) -> str | None:
-  return None if tokenizer is None else hashlib.sha256(tokenizer.to_str().encode()).hexdigest()
+# The network config's JSON form: its fields, a nested ModelConfig as its HF dict.
+_NET_CODECS = config_utils.hf_codecs(ModelConfig)
 
 
 def save_drafter(path: str | os.PathLike, method: str, net, params: nnx.State, d2t,
@@ -92,13 +78,13 @@ def save_drafter(path: str | os.PathLike, method: str, net, params: nnx.State, d
   save_file(tensors, os.path.join(path, WEIGHTS))
   config = {
       "method": method,
-      "net": _net_to_dict(net.with_dtype(dtype) if dtype else net),
+      "net": config_utils.to_dict(net.with_dtype(dtype) if dtype else net, codecs=_NET_CODECS),
       "hidden_layers": list(fam.default_taps(target_cfg) if hidden_layers is None
                             else hidden_layers),
       "draft_vocab_size": int(np.asarray(d2t).size),
       "target": {"architecture": target_cfg.architecture, "vocab_size": target_cfg.vocab_size,
                  "hidden_size": target_cfg.hidden_size, "num_layers": target_cfg.num_layers,
-                 "tokenizer_sha256": tokenizer_sha256(tokenizer)},
+                 "tokenizer_sha256": tokenizer_fingerprint(tokenizer)},
   }
   with open(os.path.join(path, CONFIG), "w") as f:
     json.dump(config, f, indent=2)
@@ -130,7 +116,7 @@ def check_target(config: dict[str, Any], target, path) -> None:
     if want.get(key) != have:
       raise ValueError(f"drafter {path} was trained for a target with {key} {want.get(key)}, "
                        f"this target has {have}")
-  mine, theirs = want.get("tokenizer_sha256"), tokenizer_sha256(target.tokenizer)
+  mine, theirs = want.get("tokenizer_sha256"), tokenizer_fingerprint(target.tokenizer)
   if mine and theirs and mine != theirs:
     raise ValueError(f"drafter {path} was trained for a target with another tokenizer: its "
                      "token ids would not mean the same thing")
@@ -159,7 +145,8 @@ def load_drafter(path: str | os.PathLike, target, **tree_options):
       raise ValueError(f"drafter {path} reads hidden layer {i}, outside [0, "
                        f"{target.config.num_layers}]")
   dtype = target.config.dtype
-  net = _net_from_dict(fam.config_cls, config["net"]).with_dtype(dtype)
+  net = config_utils.from_dict(fam.config_cls, config["net"], strict=False,
+                              codecs=_NET_CODECS).with_dtype(dtype)
   tensors = _read_tensors(path)
   if "d2t" not in tensors:
     raise ValueError(f"drafter weights {path} have no d2t (draft-to-target id map)")

@@ -212,16 +212,6 @@ def draft_logprobs(logits: jax.Array) -> jax.Array:
   return jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
 
 
-def asdict_static(cfg: Any) -> dict[str, Any]:
-  """A config dataclass as JSON-ready fields (ModelConfig nested as its HF dict)."""
-  out = {}
-  for f in dataclasses.fields(cfg):
-    v = getattr(cfg, f.name)
-    out[f.name] = v.to_hf_dict() if isinstance(v, ModelConfig) else (
-        list(v) if isinstance(v, tuple) else v)
-  return out
-
-
 # ------------------------------------------------------------------------------------------------
 # The family protocol
 

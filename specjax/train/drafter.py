@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import decoding
+from specjax import config_utils, decoding
 from specjax.data import pipeline, stdlib_code
 from specjax.drafters import io, learned, registry
 from specjax.interop.hf import load_target
@@ -43,7 +43,7 @@ from specjax.models import decoder
 from specjax.target import Target
 from specjax.train import loop
 from specjax.train.optim import OptimConfig, make_optimizer
-from specjax.train.target_lm import jsonable
+from specjax.train.target_lm import portable_path
 
 
 # Fields of `DrafterTrainConfig` that only some families read (`Family.options`): a run that sets
@@ -351,7 +351,7 @@ def train_drafter(cfg: DrafterTrainConfig, *, stop_after: int | None = None,
   metadata = {
       "method": cfg.method,
       "num_params": decoder.num_params(result.params),
-      "training": jsonable(dataclasses.asdict(cfg)),
+      "training": config_utils.to_dict(cfg, strings=portable_path),
       "steps": result.step,
       "tokens_seen": result.step * cfg.batch_size * train_rows.shape[1],
       "wall_seconds": round(result.elapsed_seconds, 1),
@@ -372,13 +372,9 @@ def train_drafter(cfg: DrafterTrainConfig, *, stop_after: int | None = None,
 
 
 def config_from_metadata(training: dict[str, Any]) -> DrafterTrainConfig:
-  """The `DrafterTrainConfig` a drafter folder's metadata.json records (`"training"`)."""
-  known = {f.name for f in dataclasses.fields(DrafterTrainConfig)}
-  fields = {k: v for k, v in training.items() if k in known}
-  fields["optim"] = OptimConfig(**fields["optim"])
-  if fields.get("target_layers") is not None:
-    fields["target_layers"] = tuple(fields["target_layers"])
-  return DrafterTrainConfig(**fields)
+  """The `DrafterTrainConfig` a drafter folder's metadata.json records (`"training"`); fields
+  of other versions are ignored."""
+  return config_utils.from_dict(DrafterTrainConfig, training, strict=False)
 
 
 def heldout_scores(path: str | os.PathLike, target: Target, **changes) -> dict[str, float]:

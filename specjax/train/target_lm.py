@@ -219,12 +219,6 @@ def export(cfg: LMTrainConfig, model_cfg: ModelConfig, result: loop.TrainResult,
   return metadata
 
 
-def jsonable(x):
-  """JSON-ready copy of `x` (a config or plain data) with machine paths made portable: the form
-  of shipped metadata."""
-  return to_dict(x, strings=portable_path)
-
-
 def portable_path(text: str) -> str:
   """Shipped metadata names no machine: the interpreter's stdlib becomes `<stdlib of CPython
   X.Y.Z>`, paths under the working directory become relative; other strings pass unchanged."""
