@@ -1,6 +1,6 @@
 """`generate`: prefill plus one `lax.while_loop` of rounds, all inside a single jit call.
 
-Conventions (the field's, see DESIGN.md):
+Conventions (the field's):
   * the cache holds every emitted token except the last one, `pending`, whose KV is written by
     the next round: a round feeds `[pending | draft tree]`, so autoregressive decoding is the round
     with an empty tree;

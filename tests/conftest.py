@@ -3,16 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 import pathlib
-import sys
 from typing import Any
 
 import pytest
-
-# `hf_models` lives beside this file; make it importable from subfolders (tests/models/...) under
-# any pytest import mode.
-sys.path.insert(0, os.fspath(pathlib.Path(__file__).parent))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +35,7 @@ def _release_compiled_programs():
 @pytest.fixture(scope="session")
 def hf_checkpoint(tmp_path_factory):
   """`hf_checkpoint(variant) -> Checkpoint`, saving and loading each variant once per session."""
-  import hf_models  # imports torch + transformers: only for the tests that use checkpoints
+  from tests.helpers import hf_models  # imports torch + transformers: only for the tests that use checkpoints
   import torch
 
   import specjax

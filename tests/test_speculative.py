@@ -1,6 +1,6 @@
 """Speculative `generate` is lossless: the end-to-end contract, for every registered drafter.
 
-What is checked, following shared/notes/lossless_testing.md:
+What is checked:
   1. greedy: every drafter (chains and trees, batch 1 and 4, 50 prompts x 128 new tokens each)
      emits exactly the autoregressive greedy tokens (float ties of the target's top-2 excepted);
      the stats agree with the tokens (tau, accepted_by_depth);
@@ -12,7 +12,7 @@ What is checked, following shared/notes/lossless_testing.md:
      the middle of an accepted path, rows of a batch that stop early;
   4. `pad_to`.
 
-Compile time dominates on CPU: the targets are module-level configs from tests/tiny_targets.py,
+Compile time dominates on CPU: the targets are module-level configs from tests/helpers/tiny_targets.py,
 drafters are built once per module, and calls share batch sizes, `pad_to` and `max_new_tokens` so
 that `generate`'s cache of compiled programs is reused across tests.
 """
@@ -24,12 +24,12 @@ import pytest
 import scipy.stats
 
 import specjax
-import tiny_targets as tt
+from tests.helpers import tiny_targets as tt
 from specjax import drafters
 from specjax.drafters import draft_lm
 from specjax.sampling import SamplingConfig, target_probs
 from specjax.trees import TreeTemplate
-from stats import pooled_chi_square
+from tests.helpers.stats import pooled_chi_square
 
 NEW = 128  # greedy tokens per prompt
 PAD = 32  # every greedy prompt is <= 30 tokens: one padding, one program per (drafter, batch)
@@ -85,7 +85,7 @@ _GREEDY_DRAFTERS = {
                                                             num_tokens=4)),
     "draft_lm_self": ("draft_lm", lambda t: draft_lm.build(t, draft=t, num_tokens=5)),
     # Learned drafters are `available` only with shipped weights for their target: random ones
-    # here (tests/test_learned_drafters.py runs the trained ones on the embedded target).
+    # here (tests/drafters/test_learned.py runs the trained ones on the embedded target).
     "medusa": ("medusa", lambda t: tt.learned_drafter("medusa", t)),
     "hydra": ("hydra", lambda t: tt.learned_drafter("hydra", t)),
     # A quarter of the vocabulary, plus the history's recent tokens as extra draft ids.
@@ -124,7 +124,7 @@ def ar(target):
 
 
 def _assert_greedy_equal(target, prompt, ours, ref, where) -> bool:
-  """Token-for-token equality, with one narrow exception (lossless_testing.md): at the first
+  """Token-for-token equality, with one narrow exception: at the first
   mismatch, ours may be the runner-up if the target's top-2 logits there differ by < TIE_GAP
   (the verification block and the one-token step round differently); the sequences then
   legitimately diverge and the rest is not compared. Returns True on such a tie."""
@@ -273,7 +273,7 @@ def _exact_law(target, prompt, cfg: SamplingConfig) -> np.ndarray:
   """float64[V, V, V]: P(x1, x2, x3) = p(x1|prompt) p(x2|prompt,x1) p(x3|prompt,x1,x2), from
   one cache-free forward over the V^2 sequences prompt + [x1, x2] and `target_probs` (the same
   temperature / top-p processing the sampler uses; it is checked against transformers' warpers
-  in test_generate.py)."""
+  in test_decoding.py)."""
   v, n = target.config.vocab_size, len(prompt)
   seqs = [prompt + [a, b] for a in range(v) for b in range(v)]
   logits = tt.logits_of(target, seqs)  # [V*V, n + 2, V]; row a * V + b

@@ -1,4 +1,4 @@
-"""`specjax.verify`: the lossless acceptance rule, tested as shared/notes/lossless_testing.md asks.
+"""`specjax.verify`: the lossless acceptance rule, tested white-box and by its exact law.
 
 Layers of evidence, from white-box to black-box:
   1. the one-node step with injected uniforms (accept iff u q(x) < p(x), residual max(p - q, 0))

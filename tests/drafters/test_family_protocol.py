@@ -10,8 +10,8 @@ import os
 import pytest
 
 import specjax
-import toy_family
-from corpora import stdlib_source_dir
+from tests.helpers import toy_family
+from tests.helpers.corpora import stdlib_source_dir
 from experiments import compare_drafters, tune_tree
 from specjax import assets, drafters
 from specjax.drafters import io, registry

@@ -1,6 +1,6 @@
-"""specjax's decoder against transformers on tiny random checkpoints (see tests/hf_models.py).
+"""specjax's decoder against transformers on tiny random checkpoints (tests/helpers/hf_models.py).
 
-Tolerance policy (shared/STYLE.md): float32 whole-model outputs agree within 1e-4 (max abs diff of
+Tolerance policy: float32 whole-model outputs agree within 1e-4 (max abs diff of
 logits, which here have scale ~10). Hidden states of the un-normalised residual stream reach
 |x| ~ 60, where one float32 ulp is already 4e-6; the next layer reads them only through RMSNorm,
 so they are compared with the same 1e-4 relative to each position's RMS. bfloat16 has its own,
@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 
-import hf_models
+from tests.helpers import hf_models
 import jax
 import jax.numpy as jnp
 import numpy as np

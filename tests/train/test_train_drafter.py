@@ -17,7 +17,7 @@ import pytest
 
 import specjax
 from specjax import assets
-from corpora import stdlib_source_dir
+from tests.helpers.corpora import stdlib_source_dir
 from specjax.config_utils import load_config
 from specjax.drafters import eagle3, learned
 from specjax.train.drafter import heldout_scores, match_counts, train_drafter

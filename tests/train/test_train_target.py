@@ -15,7 +15,7 @@ import jax
 import numpy as np
 import pytest
 
-from corpora import stdlib_source_dir
+from tests.helpers.corpora import stdlib_source_dir
 from specjax.config_utils import load_config
 from specjax.train.target_lm import train_lm
 

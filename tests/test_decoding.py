@@ -1,8 +1,8 @@
 """`specjax.generate` (autoregressive, drafter=None) against transformers, and its input checks.
 
 Greedy decoding must reproduce transformers token for token; sampling must draw from exactly
-softmax(process(logits)), checked with a Pearson chi-square test (see shared/notes/
-lossless_testing.md). These are the baselines every speculative method is later compared with.
+softmax(process(logits)), checked with a Pearson chi-square test against the exact law. These
+are the baselines every speculative method is later compared with.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import logging
 import os
 import shutil
 
-import hf_models
+from tests.helpers import hf_models
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -22,7 +22,7 @@ from safetensors.numpy import load_file, save_file
 
 import specjax
 from specjax.sampling import SamplingConfig, argmax, process_logits
-from stats import pooled_chi_square
+from tests.helpers.stats import pooled_chi_square
 
 VOCAB = 211  # hf_models._BASE
 NEW = 64
@@ -48,7 +48,7 @@ def _hf_greedy(model, prompt, n):
 
 
 def _assert_greedy_equal(ours, ref_tokens, ref_logits, where):
-  """Token-for-token equality, with one narrow exception (lossless_testing.md): at the first
+  """Token-for-token equality, with one narrow exception: at the first
   mismatch, ours may be HF's runner-up if HF's top-2 logits differ by < TIE_GAP; after such a tie
   the two sequences legitimately diverge, so the rest is not compared. Returns the tie step."""
   assert len(ours) == len(ref_tokens), where

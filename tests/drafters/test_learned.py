@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 import specjax
-import tiny_targets as tt
+from tests.helpers import tiny_targets as tt
 from specjax import assets, decoding, drafters, trees
 from specjax.drafters import eagle_common, io, learned, medusa
 from specjax.drafters.base import DraftContext, TargetView

@@ -1,4 +1,4 @@
-"""The statistics shared by the sampling tests (see notes/lossless_testing.md)."""
+"""The statistics shared by the sampling tests: Pearson chi-square against an exact law."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import specjax
-import tiny_targets as tt
+from tests.helpers import tiny_targets as tt
 from specjax import drafters, trees
 from specjax.drafters import draft_lm, prompt_lookup, token_recycling
 from specjax.drafters.base import DraftContext, Prefill, RoundResult, TargetView

@@ -3,7 +3,8 @@
 Random weights at the init scale 0.02 give near-uniform logits: greedy then rests on float-level
 margins and sampling tests cannot see a bug that moves mass between tokens. Multiplying the 2-D
 weights by `SCALE` gives logits whose law depends strongly on the position and the previous
-token (tests/test_speculative.py checks it), as lossless_testing.md asks of a test target.
+token (tests/test_speculative.py checks it): a position-independent test target would hide
+indexing bugs (every draft position reading the same row, say).
 
 Configs are module constants so every test file builds the *same* configs: `generate` caches a
 compiled program per (config, sampling, shapes, drafter structure), and tests that share a config,
