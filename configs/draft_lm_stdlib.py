@@ -14,8 +14,8 @@ import os
 from configs.target_stdlib import get_config as target_config
 from specjax import assets
 from specjax.models.config import ModelConfig
-from specjax.train.target_lm import DataConfig
 from specjax.train.optim import OptimConfig
+from specjax.train.target_lm import DataConfig
 
 
 def _target_tokenizer() -> str:

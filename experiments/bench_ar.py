@@ -81,7 +81,8 @@ def main(argv=None) -> dict:
       "specjax_tokens_per_second": sj_tokens / sj_time,
       "transformers_tokens_per_second": hf_tokens / hf_time,
   }
-  results["ratio"] = results["specjax_tokens_per_second"] / results["transformers_tokens_per_second"]
+  results["ratio"] = (results["specjax_tokens_per_second"]
+                      / results["transformers_tokens_per_second"])
   print(f"\n| implementation | tokens/s |\n|---|---|\n"
         f"| specjax (jit, while_loop) | {results['specjax_tokens_per_second']:.1f} |\n"
         f"| transformers generate (torch {torch.__version__}) | "

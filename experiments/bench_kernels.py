@@ -1,6 +1,6 @@
 """Pallas tree attention vs its jnp reference vs the model's XLA attention, over S and N.
 
-  python -m experiments.bench_kernels                          # S in {1k, 4k, 16k, 32k}, N in {1, 16, 64}
+  python -m experiments.bench_kernels         # S in {1k, 4k, 16k, 32k}, N in {1, 16, 64}
   python -m experiments.bench_kernels --sizes 2048 --nodes 8,32 --heads 8 --kv-heads 2 --head-dim 64
 
 Shape defaults to a Llama-3-8B layer (H=32, K=8, D=128, bfloat16), batch 1, every cache full

@@ -1,4 +1,5 @@
-"""Tau of drafters at equal trees on the benchmark's prompts: the deterministic half of a comparison.
+"""Tau of drafters at equal trees on the benchmark's prompts: the deterministic half of a
+comparison.
 
   python -m experiments.compare_drafters --drafter eagle --drafter eagle3 \
       --drafter eagle3=runs/abl_e3_top/export --trees 5,7,7x3x16
@@ -66,7 +67,7 @@ def main(argv=None):
   trees = args.trees.split(",")
   datasets = args.datasets.split(",")
   prompts = {ds: load_prompts(target, ds, cfg) for ds in datasets}
-  print(f"| drafter | held-out agreement | held-out chain tau | dataset | "
+  print("| drafter | held-out agreement | held-out chain tau | dataset | "
         + " | ".join(trees) + " |")
   print("|---|---|---|---|" + "---|" * len(trees))
   for spec in args.drafter:

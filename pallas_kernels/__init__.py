@@ -4,9 +4,14 @@ A leaf package: it imports jax only, never specjax, so a kernel can be tested, l
 benchmarked on its own. The model's adapter over it is `specjax.models.pallas_attention`.
 """
 
-from pallas_kernels.tree_attention import (BlockSizes, kv_bytes_read, pack_tree_mask,
-                                           tree_attention, tree_attention_reference,
-                                           unpack_tree_mask)
+from pallas_kernels.tree_attention import (
+                                           BlockSizes,
+                                           kv_bytes_read,
+                                           pack_tree_mask,
+                                           tree_attention,
+                                           tree_attention_reference,
+                                           unpack_tree_mask,
+)
 
 __all__ = ["BlockSizes", "kv_bytes_read", "pack_tree_mask", "tree_attention",
            "tree_attention_reference", "unpack_tree_mask"]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp

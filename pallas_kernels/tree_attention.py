@@ -85,7 +85,7 @@ class BlockSizes:
       raise ValueError(f"BlockSizes.block_q must be a multiple of 8, got {self.block_q}")
 
   @classmethod
-  def for_backend(cls, backend: Backend) -> "BlockSizes":
+  def for_backend(cls, backend: Backend) -> BlockSizes:
     if backend == "gpu":  # [64 rows x 64 slots] scores + a [64, D] f32 accumulator per CTA
       return cls(block_q=64, block_kv=64, num_splits=None, num_warps=4, num_stages=2)
     if backend == "tpu":  # one [M, 512] score tile per head; 2 splits feed both megacore TCs
@@ -157,7 +157,7 @@ def tree_attention(q, k_cache, v_cache, length, tree_mask, *, sm_scale: float,
                                                                       sizes.block_kv)):
     raise ValueError(f"the GPU (Triton) kernel needs power-of-two block sizes, got {sizes}")
   b, n, h, d = q.shape
-  s, kv = k_cache.shape[1], k_cache.shape[2]
+  kv = k_cache.shape[2]
   g = h // kv
   m = n * g
   block_q = _block_q(sizes, m, backend, q.dtype)

@@ -26,6 +26,6 @@ from specjax.target import Target
 
 __all__ = [
     "GenerateResult", "KVCache", "ModelConfig", "RopeScaling", "SamplingConfig", "Stats",
-    "Target", "drafters", "generate", "load_drafter", "load_target", "profile_phases", "save_hf", "trees",
-    "verify",
+    "Target", "drafters", "generate", "load_drafter", "load_target", "profile_phases",
+    "save_hf", "trees", "verify",
 ]

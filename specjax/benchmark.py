@@ -16,7 +16,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -97,7 +98,7 @@ def run_methods(target: Target, runs: Sequence[tuple[str, dict[str, Any] | None]
     setups.append((method, drafter, kwargs))
   acc = [{"tokens": 0, "calls": 0, "wall": 0.0, "hist": None, "outputs": []} for _ in runs]
   for i, prompt in enumerate(prompts):
-    for (method, drafter, kwargs), a in zip(setups, acc):
+    for (_, _, kwargs), a in zip(setups, acc):
       r = generate(target, [prompt], seed=cfg.seed + i, **kwargs)
       a["tokens"] += r.stats.new_tokens
       a["calls"] += r.stats.target_calls
@@ -108,7 +109,7 @@ def run_methods(target: Target, runs: Sequence[tuple[str, dict[str, Any] | None]
       if bar is not None:
         bar.update(1)
   records = []
-  for (method, drafter, kwargs), a in zip(setups, acc):
+  for (method, drafter, _), a in zip(setups, acc):
     phases = profile_phases(target, [prompts[0]], drafter=drafter, repeats=cfg.profile_repeats,
                             max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
                             top_k=cfg.top_k, top_p=cfg.top_p, pad_to=pad_to)

@@ -19,7 +19,8 @@ import json
 import os
 import types
 import typing
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 
 def load_config(name_or_path: str, overrides: Sequence[str] = ()) -> Any:

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -23,8 +24,7 @@ import numpy as np
 from flax import struct
 
 from specjax import metrics, trees, verify
-from specjax.drafters.base import (DraftContext, Drafter, NoDrafter, Prefill, RoundResult,
-                                   TargetView)
+from specjax.drafters.base import DraftContext, Drafter, NoDrafter, Prefill, RoundResult, TargetView
 from specjax.models import decoder
 from specjax.models.cache import KVCache
 from specjax.models.config import ModelConfig

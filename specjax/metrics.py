@@ -7,7 +7,7 @@ counts the rounds that accepted exactly k draft nodes (k = 0..N).
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -25,14 +25,14 @@ class Target:
   tokenizer: Any = None
 
   @classmethod
-  def random(cls, config: ModelConfig, seed: int = 0, tokenizer: Any = None) -> "Target":
+  def random(cls, config: ModelConfig, seed: int = 0, tokenizer: Any = None) -> Target:
     return cls(config, decoder.init_params(config, seed), tokenizer)
 
   @property
   def num_params(self) -> int:
     return decoder.num_params(self.params)
 
-  def replace(self, **changes) -> "Target":
+  def replace(self, **changes) -> Target:
     return dataclasses.replace(self, **changes)
 
   def encode(self, text: str) -> list[int]:

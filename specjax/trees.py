@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -51,7 +51,7 @@ class Tree:
     return None if self.q is None else self.q.shape[-1]
 
   @classmethod
-  def empty(cls, batch: int) -> "Tree":
+  def empty(cls, batch: int) -> Tree:
     """The tree with no nodes: verification then samples one token from the target."""
     zeros = jnp.zeros((batch, 0), jnp.int32)
     return cls(tokens=zeros, parent=zeros, depth=zeros, valid=jnp.zeros((batch, 0), bool))
@@ -173,16 +173,16 @@ class TreeTemplate:
     object.__setattr__(self, "rank", _frozen([p[-1] for p in paths]))
 
   @classmethod
-  def from_paths(cls, paths: Iterable[Sequence[int]]) -> "TreeTemplate":
+  def from_paths(cls, paths: Iterable[Sequence[int]]) -> TreeTemplate:
     return cls(tuple(tuple(p) for p in paths))
 
   @classmethod
-  def chain(cls, length: int) -> "TreeTemplate":
+  def chain(cls, length: int) -> TreeTemplate:
     """`length` nodes, each the rank-0 child of the previous one."""
     return cls(tuple((0,) * d for d in range(1, length + 1)))
 
   @classmethod
-  def full(cls, branching: Sequence[int]) -> "TreeTemplate":
+  def full(cls, branching: Sequence[int]) -> TreeTemplate:
     """Top-k expansion: every node at depth d - 1 has branching[d - 1] children (ranks 0..k-1)."""
     if any(k < 1 for k in branching):
       raise ValueError(f"branching factors must be >= 1, got {tuple(branching)}")

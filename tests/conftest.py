@@ -35,10 +35,12 @@ def _release_compiled_programs():
 @pytest.fixture(scope="session")
 def hf_checkpoint(tmp_path_factory):
   """`hf_checkpoint(variant) -> Checkpoint`, saving and loading each variant once per session."""
-  from tests.helpers import hf_models  # imports torch + transformers: only for the tests that use checkpoints
   import torch
 
   import specjax
+  from tests.helpers import (
+    hf_models,  # imports torch + transformers: only for the tests that use checkpoints
+  )
 
   # The models are tiny and the CI machine has 2 shared cores: torch's intra-op thread pool then
   # only adds contention (transformers' generate measured 15-30x slower with 2 threads than 1).

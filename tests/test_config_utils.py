@@ -13,8 +13,14 @@ import json
 import pytest
 
 from specjax.benchmark import BenchmarkConfig
-from specjax.config_utils import (apply_overrides, from_dict, hf_codecs, parse_assignment,
-                                  parse_value, to_dict)
+from specjax.config_utils import (
+  apply_overrides,
+  from_dict,
+  hf_codecs,
+  parse_assignment,
+  parse_value,
+  to_dict,
+)
 from specjax.models.config import ModelConfig, RopeScaling
 
 

@@ -12,7 +12,6 @@ import logging
 import os
 import shutil
 
-from tests.helpers import hf_models
 import jax.numpy as jnp
 import numpy as np
 import pytest

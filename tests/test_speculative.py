@@ -12,9 +12,10 @@ What is checked:
      the middle of an accepted path, rows of a batch that stop early;
   4. `pad_to`.
 
-Compile time dominates on CPU: the targets are module-level configs from tests/helpers/tiny_targets.py,
-drafters are built once per module, and calls share batch sizes, `pad_to` and `max_new_tokens` so
-that `generate`'s cache of compiled programs is reused across tests.
+Compile time dominates on CPU: the targets are module-level configs from
+tests/helpers/tiny_targets.py, drafters are built once per module, and calls share batch sizes,
+`pad_to` and `max_new_tokens` so that `generate`'s cache of compiled programs is reused across
+tests.
 """
 
 from __future__ import annotations
@@ -24,11 +25,11 @@ import pytest
 import scipy.stats
 
 import specjax
-from tests.helpers import tiny_targets as tt
 from specjax import drafters
 from specjax.drafters import draft_lm
 from specjax.sampling import SamplingConfig, target_probs
 from specjax.trees import TreeTemplate
+from tests.helpers import tiny_targets as tt
 from tests.helpers.stats import pooled_chi_square
 
 NEW = 128  # greedy tokens per prompt
@@ -303,7 +304,8 @@ def test_sampling_target_has_structure(sampling_target):
   p = np.asarray(target_probs(logits, SamplingConfig(1.0)), np.float64)
   entropy = -np.sum(p * np.log(np.maximum(p, 1e-30)), axis=-1)
   assert entropy[:, n - 1:].mean() < 0.75 * np.log(v)
-  tv = lambda a, b: 0.5 * np.abs(a - b).sum(-1)
+  def tv(a, b):
+    return 0.5 * np.abs(a - b).sum(-1)
   p1, p2, p3 = p[0, n - 1], p[::v, n], p[:, n + 1].reshape(v, v, v)
   assert tv(p2[:, None], p2[None]).mean() > 0.2  # x2's law depends on x1
   assert tv(p3[:, :, None], p3[:, None, :]).mean() > 0.2  # x3's law depends on x2

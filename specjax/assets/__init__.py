@@ -1,4 +1,4 @@
-"""Shipped artefacts of the embedded default (HF-format folders), located relative to the package."""
+"""Shipped artefacts of the embedded default (HF-format folders), located beside this file."""
 
 import os
 

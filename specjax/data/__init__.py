@@ -18,24 +18,49 @@ Datasets live in `default_data_dir()` ($SPECJAX_DATA_DIR, else ~/.cache/specjax/
 """
 
 from specjax.data.humaneval import load_humaneval
-from specjax.data.pipeline import cached_token_stream
-from specjax.data.pipeline import corpus_fingerprint
-from specjax.data.pipeline import heldout_batches
-from specjax.data.pipeline import join_documents
-from specjax.data.pipeline import make_train_iterator
-from specjax.data.pipeline import pack_documents
-from specjax.data.pipeline import pack_stream
-from specjax.data.pipeline import tokenize_corpus
-from specjax.data.pipeline import TrainBatches
-from specjax.data.stdlib_code import load_stdlib_code
-from specjax.data.stdlib_code import split_of
-from specjax.data.stdlib_code import split_sizes
-from specjax.data.stdlib_code import stdlib_dir
-from specjax.data.stdlib_code import stdlib_metadata
+from specjax.data.pipeline import (
+    TrainBatches,
+    cached_token_stream,
+    corpus_fingerprint,
+    heldout_batches,
+    join_documents,
+    make_train_iterator,
+    pack_documents,
+    pack_stream,
+    tokenize_corpus,
+)
+from specjax.data.stdlib_code import (
+    load_stdlib_code,
+    split_of,
+    split_sizes,
+    stdlib_dir,
+    stdlib_metadata,
+)
 from specjax.data.storage import default_data_dir
-from specjax.data.tokenizer import EOS
-from specjax.data.tokenizer import eos_id
-from specjax.data.tokenizer import for_corpus
-from specjax.data.tokenizer import save_tokenizer
-from specjax.data.tokenizer import train_tokenizer
+from specjax.data.tokenizer import EOS, eos_id, for_corpus, save_tokenizer, train_tokenizer
 from specjax.interop.tokenizer import tokenizer_fingerprint
+
+__all__ = [
+    "cached_token_stream",
+    "corpus_fingerprint",
+    "default_data_dir",
+    "EOS",
+    "eos_id",
+    "for_corpus",
+    "heldout_batches",
+    "join_documents",
+    "load_humaneval",
+    "load_stdlib_code",
+    "make_train_iterator",
+    "pack_documents",
+    "pack_stream",
+    "save_tokenizer",
+    "split_of",
+    "split_sizes",
+    "stdlib_dir",
+    "stdlib_metadata",
+    "tokenize_corpus",
+    "tokenizer_fingerprint",
+    "train_tokenizer",
+    "TrainBatches",
+]

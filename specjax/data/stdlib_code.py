@@ -13,10 +13,10 @@ import hashlib
 import os
 import platform
 import sysconfig
-from typing import Iterator
+from collections.abc import Iterator
 
-from etils import epath
 import tensorflow_datasets as tfds
+from etils import epath
 
 from specjax.data import storage
 

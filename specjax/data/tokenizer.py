@@ -8,12 +8,12 @@ trimming. Code is whitespace-sensitive, so losing a leading space or a tab would
 from __future__ import annotations
 
 import os
-from typing import Iterable
+from collections.abc import Iterable
 
 import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
-from specjax.interop.tokenizer import TOKENIZER_FILE, tokenizer_path
+from specjax.interop.tokenizer import tokenizer_path
 
 EOS = '<|endoftext|>'
 

@@ -8,8 +8,16 @@ A new drafter is a file that defines a protocol-conforming pytree and registers 
 package only re-exports: importing it imports every family file, which registers itself.
 """
 
-from specjax.drafters import (draft_lm, eagle, eagle3, hydra, layer_skip, medusa,  # noqa: F401
-                              prompt_lookup, token_recycling)
+from specjax.drafters import (  # noqa: F401
+                              draft_lm,
+                              eagle,
+                              eagle3,
+                              hydra,
+                              layer_skip,
+                              medusa,
+                              prompt_lookup,
+                              token_recycling,
+)
 from specjax.drafters.base import Drafter, NoDrafter
 from specjax.drafters.registry import available, build, describe, names, register
 

@@ -17,8 +17,8 @@ import jax.numpy as jnp
 from flax import nnx, struct
 
 from specjax import assets, trees
-from specjax.drafters.registry import register
 from specjax.drafters.base import DraftContext, Prefill, RoundResult, TargetView
+from specjax.drafters.registry import register
 from specjax.interop.tokenizer import tokenizer_fingerprint
 from specjax.models import decoder
 from specjax.models.cache import KVCache

@@ -29,7 +29,7 @@ class EagleConfig:
   def dtype(self) -> str:
     return self.model.dtype
 
-  def with_dtype(self, dtype: str) -> "EagleConfig":
+  def with_dtype(self, dtype: str) -> EagleConfig:
     return EagleConfig(self.model.replace(dtype=dtype))
 
 

@@ -34,7 +34,7 @@ class Eagle3Config:
   def dtype(self) -> str:
     return self.model.dtype
 
-  def with_dtype(self, dtype: str) -> "Eagle3Config":
+  def with_dtype(self, dtype: str) -> Eagle3Config:
     return dataclasses.replace(self, model=self.model.replace(dtype=dtype))
 
 

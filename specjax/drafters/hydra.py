@@ -33,7 +33,7 @@ class HydraConfig:
   num_heads: int = 4
   dtype: str = "float32"
 
-  def with_dtype(self, dtype: str) -> "HydraConfig":
+  def with_dtype(self, dtype: str) -> HydraConfig:
     return dataclasses.replace(self, dtype=dtype)
 
 

@@ -15,10 +15,10 @@ vocabulary, hidden size or depth, and names missing or corrupt files.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
@@ -27,8 +27,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.flax import save_file
 
 from specjax import assets, config_utils
-from specjax.drafters import learned
-from specjax.drafters import registry
+from specjax.drafters import learned, registry
 from specjax.interop.tokenizer import tokenizer_fingerprint
 from specjax.models.config import ModelConfig
 

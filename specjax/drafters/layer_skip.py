@@ -16,8 +16,8 @@ import jax.numpy as jnp
 from flax import struct
 
 from specjax import trees
-from specjax.drafters.registry import register
 from specjax.drafters.base import DraftContext, Stateless, TargetView
+from specjax.drafters.registry import register
 from specjax.models import decoder
 from specjax.sampling import draft_sample
 

@@ -19,7 +19,8 @@ from __future__ import annotations
 import abc
 import dataclasses
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -28,7 +29,6 @@ from flax import nnx, struct
 
 from specjax.models import decoder
 from specjax.models.config import ModelConfig
-
 
 # ------------------------------------------------------------------------------------------------
 # Draft vocabulary
@@ -103,7 +103,7 @@ def take_rows(x: jax.Array, index: jax.Array) -> jax.Array:
 # Networks
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def graphdef(module_cls, net_cfg) -> nnx.GraphDef:
   """The static structure of `module_cls(net_cfg)`, computed once without allocating params."""
   gdef, _ = nnx.split(nnx.eval_shape(lambda: module_cls(net_cfg, nnx.Rngs(0))))
@@ -272,7 +272,7 @@ class Family(abc.ABC):
 
   # -- training ------------------------------------------------------------------------------
 
-  def check_training(self, cfg) -> None:
+  def check_training(self, cfg) -> None:  # noqa: B027 (optional hook: nothing to check)
     """Raises ValueError for a training config (`DrafterTrainConfig`) this family cannot run."""
 
   def frozen_leaves(self, cfg) -> Callable[[Any], Any] | None:

@@ -30,7 +30,7 @@ class MedusaConfig:
   num_heads: int = 4  # K: head k predicts the token k + 1 after the last committed one
   dtype: str = "float32"
 
-  def with_dtype(self, dtype: str) -> "MedusaConfig":
+  def with_dtype(self, dtype: str) -> MedusaConfig:
     return dataclasses.replace(self, dtype=dtype)
 
 

@@ -14,8 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from specjax.drafters.registry import register
 from specjax.drafters.base import DraftContext, Stateless, TargetView
+from specjax.drafters.registry import register
 from specjax.trees import Tree
 
 

@@ -12,7 +12,8 @@ family files to register them).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from specjax.drafters.base import Drafter
 from specjax.target import Target

@@ -18,8 +18,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specjax.drafters.registry import register
 from specjax.drafters.base import DraftContext, Prefill, RoundResult, TargetView
+from specjax.drafters.registry import register
 from specjax.models import decoder
 from specjax.trees import TreeTemplate
 

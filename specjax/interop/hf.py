@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Iterator
+from collections.abc import Iterator
 
 import jax
 import jax.numpy as jnp

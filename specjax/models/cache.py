@@ -26,7 +26,7 @@ class KVCache:
 
   @classmethod
   def init(cls, num_layers: int, batch: int, max_len: int, num_kv_heads: int, head_dim: int,
-           dtype=jnp.float32) -> "KVCache":
+           dtype=jnp.float32) -> KVCache:
     shape = (num_layers, batch, max_len, num_kv_heads, head_dim)
     return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
                length=jnp.zeros((batch,), jnp.int32))
@@ -39,7 +39,7 @@ class KVCache:
   def batch(self) -> int:
     return self.k.shape[1]
 
-  def write(self, layer: int, k_new: jax.Array, v_new: jax.Array) -> "KVCache":
+  def write(self, layer: int, k_new: jax.Array, v_new: jax.Array) -> KVCache:
     """Writes `k_new, v_new: [B, T, K, D]` of one layer at slots `[length, length + T)`.
 
     The caller guarantees `length + T <= S` (generate sizes the cache so); writes past the end are
@@ -52,7 +52,7 @@ class KVCache:
     v = self.v.at[layer, rows, slots].set(v_new.astype(self.v.dtype), mode="drop")
     return self.replace(k=k, v=v)
 
-  def commit(self, keep: jax.Array, n_keep: jax.Array) -> "KVCache":
+  def commit(self, keep: jax.Array, n_keep: jax.Array) -> KVCache:
     """Keeps slots `length + keep[b, :n_keep[b]]` of the last write and advances `length`.
 
     keep:   int32[B, T] indices into the last write (0 = the first new token), in path order.
@@ -69,6 +69,6 @@ class KVCache:
     v = self.v.at[:, rows, dst].set(self.v[:, rows, src], mode="drop")
     return self.replace(k=k, v=v, length=self.length + n_keep.astype(jnp.int32))
 
-  def advance(self, n: jax.Array) -> "KVCache":
+  def advance(self, n: jax.Array) -> KVCache:
     """Commits the first `n[b]` slots of the last write as they are (a chain or a prefill)."""
     return self.replace(length=self.length + n.astype(jnp.int32))

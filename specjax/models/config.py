@@ -101,13 +101,13 @@ class ModelConfig:
   def hf_architecture(self) -> str:
     return _ARCH_TO_HF[self.architecture]
 
-  def replace(self, **changes) -> "ModelConfig":
+  def replace(self, **changes) -> ModelConfig:
     return dataclasses.replace(self, **changes)
 
   # -- Hugging Face config.json ------------------------------------------------------------------
 
   @classmethod
-  def from_hf_dict(cls, d: dict[str, Any], **overrides) -> "ModelConfig":
+  def from_hf_dict(cls, d: dict[str, Any], **overrides) -> ModelConfig:
     """Builds a config from a parsed HF `config.json`; raises ValueError on what we cannot run."""
     arch = _architecture_of(d)
     num_heads = d["num_attention_heads"]
@@ -149,7 +149,7 @@ class ModelConfig:
     return cls(**kwargs)
 
   @classmethod
-  def from_json_file(cls, path: str | os.PathLike, **overrides) -> "ModelConfig":
+  def from_json_file(cls, path: str | os.PathLike, **overrides) -> ModelConfig:
     with open(path) as f:
       try:
         d = json.load(f)

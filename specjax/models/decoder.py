@@ -23,7 +23,7 @@ from flax import nnx
 from specjax.models import attention
 from specjax.models.cache import KVCache
 from specjax.models.config import ModelConfig
-from specjax.models.layers import RMSNorm, DecoderLayer, rope_inv_freq, rope_tables
+from specjax.models.layers import DecoderLayer, RMSNorm, rope_inv_freq, rope_tables
 
 
 class ForwardOutput(NamedTuple):
@@ -73,7 +73,7 @@ class Decoder(nnx.Module):
     return ForwardOutput(logits, stacked, cache)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def graphdef(cfg: ModelConfig) -> nnx.GraphDef:
   """The static structure of a config's decoder (computed once, without allocating params)."""
   gdef, _ = nnx.split(nnx.eval_shape(lambda: Decoder(cfg, nnx.Rngs(0))))
@@ -130,7 +130,8 @@ def lm_head(cfg: ModelConfig, params: nnx.State, normed: jax.Array) -> jax.Array
 
 
 def causal_mask(lengths: jax.Array, t: int) -> jax.Array:
-  """bool[B, T, T]: causal, and keys past each row's length hidden (a ragged, right-padded batch)."""
+  """bool[B, T, T]: causal, and keys past each row's length hidden (a ragged, right-padded
+  batch)."""
   idx = jnp.arange(t)
   causal = idx[None, :, None] >= idx[None, None, :]
   return causal & (idx[None, None, :] < lengths[:, None, None])

@@ -11,9 +11,10 @@ Loss (soft targets, forward KL up to a constant): for each step s, the cross-ent
 -sum_v p(v) log q_s(v) where p is the target's distribution renormalised over the draft vocabulary
 (EAGLE-3's convention), averaged over positions whose target argmax lies in the draft vocabulary
 (a drafter cannot propose the others), weighted decay^s and summed; plus the family's auxiliary
-loss, e.g. EAGLE-1's feature regression (`chain_loss` keeps only the starts whose shallower drafts all agreed). Held-out
-evaluation reports top-1 agreement with the target per draft depth: the fraction of positions
-where the drafter's argmax (mapped to target ids) equals the target's argmax, for the depth-d
+loss, e.g. EAGLE-1's feature regression (`chain_loss` keeps only the starts whose shallower
+drafts all agreed). Held-out evaluation reports top-1 agreement with the target per draft depth:
+the fraction of positions where the drafter's argmax (mapped to target ids) equals the target's
+argmax, for the depth-d
 prediction of the training view; and chain tau, 1 + sum_d P(depths 1..d all agree), the
 acceptance a chain gets (per-depth agreement also counts deep hits after a miss).
 
@@ -44,7 +45,6 @@ from specjax.target import Target
 from specjax.train import loop
 from specjax.train.optim import OptimConfig, make_optimizer
 from specjax.train.target_lm import portable_path
-
 
 # Fields of `DrafterTrainConfig` that only some families read (`Family.options`): a run that sets
 # one away from its default for a family that does not read it is refused, not silently ignored.

@@ -28,7 +28,8 @@ def _metadata(name):
 @pytest.mark.parametrize("name", sorted(_FOLDERS))
 def test_transformers_loads_it_and_logits_match(name):
   """Qwen3ForCausalLM.from_pretrained reads the shipped folder offline; float32 logits on real
-  code agree with specjax's within 1e-4 (the whole-model tolerance of tests/models/test_hf_consistency.py)."""
+  code agree with specjax's within 1e-4 (the whole-model tolerance of
+  tests/models/test_hf_consistency.py)."""
   torch = pytest.importorskip("torch")
   transformers = pytest.importorskip("transformers")
   path = _FOLDERS[name]

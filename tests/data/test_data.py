@@ -12,8 +12,7 @@ import numpy as np
 import pytest
 
 from specjax import data
-from specjax.data import pipeline
-from specjax.data import stdlib_code
+from specjax.data import pipeline, stdlib_code
 from specjax.interop.tokenizer import load_tokenizer
 
 # (relative path, text). Names mod_67 / mod_154 hash into the held-out split, mod_0 / mod_1 do
@@ -281,7 +280,8 @@ def test_train_batches_deterministic_per_seed_and_seeds_differ():
 
 def test_each_epoch_is_a_new_permutation_of_all_rows():
   packed = _packed()
-  first_tokens = lambda batches: [int(r) for b in batches for r in b['inputs'][:, 0]]
+  def first_tokens(batches):
+    return [int(r) for b in batches for r in b['inputs'][:, 0]]
   batches = _take(data.make_train_iterator(packed, 4, seed=3), 12)  # two epochs of 6 steps
   epoch0, epoch1 = first_tokens(batches[:6]), first_tokens(batches[6:])
   assert sorted(epoch0) == sorted(epoch1) == sorted(packed[:, 0].tolist())

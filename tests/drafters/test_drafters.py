@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 
 import specjax
-from tests.helpers import tiny_targets as tt
 from specjax import drafters, trees
 from specjax.drafters import draft_lm, prompt_lookup, token_recycling
 from specjax.drafters.base import DraftContext, Prefill, RoundResult, TargetView
@@ -24,6 +23,7 @@ from specjax.drafters.oracle import Oracle
 from specjax.models import decoder
 from specjax.sampling import SamplingConfig, target_probs
 from specjax.verify import Acceptance
+from tests.helpers import tiny_targets as tt
 
 GREEDY = SamplingConfig()
 TOP_P = SamplingConfig(0.7, top_p=0.9)

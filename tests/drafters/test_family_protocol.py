@@ -10,13 +10,13 @@ import os
 import pytest
 
 import specjax
-from tests.helpers import toy_family
-from tests.helpers.corpora import stdlib_source_dir
 from experiments import compare_drafters, tune_tree
 from specjax import assets, drafters
 from specjax.drafters import io, registry
 from specjax.train.drafter import DrafterTrainConfig, train_drafter
 from specjax.train.optim import OptimConfig
+from tests.helpers import toy_family
+from tests.helpers.corpora import stdlib_source_dir
 
 
 @pytest.fixture(scope="module")

@@ -25,12 +25,12 @@ import numpy as np
 import pytest
 
 import specjax
-from tests.helpers import tiny_targets as tt
 from specjax import assets, decoding, drafters, trees
 from specjax.drafters import eagle_common, io, learned, medusa
 from specjax.drafters.base import DraftContext, TargetView
 from specjax.models import decoder
 from specjax.sampling import SamplingConfig
+from tests.helpers import tiny_targets as tt
 
 LEARNED = ("medusa", "hydra", "eagle", "eagle3")
 

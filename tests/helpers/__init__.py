@@ -1,1 +1,1 @@
-"""Shared test helpers: tiny targets and checkpoints, corpora, statistics, a test-only drafter family."""
+"""Shared test helpers: tiny targets and checkpoints, corpora, statistics, a test-only family."""

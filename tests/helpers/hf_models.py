@@ -1,4 +1,4 @@
-"""Tiny random Hugging Face checkpoints built offline, for consistency tests against transformers."""
+"""Tiny random Hugging Face checkpoints built offline, for consistency tests with transformers."""
 
 from __future__ import annotations
 

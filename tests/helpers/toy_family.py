@@ -26,7 +26,7 @@ class ToyConfig:
   hidden_size: int
   dtype: str = "float32"
 
-  def with_dtype(self, dtype: str) -> "ToyConfig":
+  def with_dtype(self, dtype: str) -> ToyConfig:
     return dataclasses.replace(self, dtype=dtype)
 
 

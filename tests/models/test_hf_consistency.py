@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 
-from tests.helpers import hf_models
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -24,6 +23,7 @@ import specjax
 from specjax.interop import hf as hf_interop
 from specjax.models import decoder
 from specjax.models.config import ModelConfig, RopeScaling
+from tests.helpers import hf_models
 
 VARIANTS = list(hf_models.VARIANTS)
 VOCAB = 211  # hf_models._BASE

@@ -26,8 +26,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_kernels import (BlockSizes, pack_tree_mask, tree_attention, tree_attention_reference,
-                            unpack_tree_mask)
+from pallas_kernels import (
+  BlockSizes,
+  pack_tree_mask,
+  tree_attention,
+  tree_attention_reference,
+  unpack_tree_mask,
+)
 from pallas_kernels.bench import random_tree_mask
 
 TOLERANCE = {jnp.float32: 1e-5, jnp.bfloat16: 2e-2}

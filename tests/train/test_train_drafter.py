@@ -17,10 +17,10 @@ import pytest
 
 import specjax
 from specjax import assets
-from tests.helpers.corpora import stdlib_source_dir
 from specjax.config_utils import load_config
 from specjax.drafters import eagle3, learned
 from specjax.train.drafter import heldout_scores, match_counts, train_drafter
+from tests.helpers.corpora import stdlib_source_dir
 
 _TINY = ["optim.total_steps=6", "optim.warmup_steps=2", "seq_len=32", "batch_size=2",
          "eval_every=3", "save_every=2", "eval_rows=4", "draft_vocab_size=512",
@@ -173,8 +173,9 @@ def test_eagle3_frozen_head_keeps_the_targets_head(source_dir, target, tmp_path)
 
 def test_chain_loss_scores_depths_only_along_agreeing_chains(target):
   """The acceptance-aware loss scores depth s + 1 only at starts where the drafter's top-1 agreed
-  with the target at depths 1..s, averaged over all starts; depth 1 is the plain loss. Checked against a numpy reference
-  with hand-made draft logits (a fake family returns its params as the logits)."""
+  with the target at depths 1..s, averaged over all starts; depth 1 is the plain loss. Checked
+  against a numpy reference with hand-made draft logits (a family whose training view returns
+  its params as the logits)."""
   from specjax.train import drafter as D
   class HandMade(eagle3.Eagle3Family):
     def depth_logits(self, net, params, x, num_steps, *, train=False):

@@ -15,9 +15,9 @@ import jax
 import numpy as np
 import pytest
 
-from tests.helpers.corpora import stdlib_source_dir
 from specjax.config_utils import load_config
 from specjax.train.target_lm import train_lm
+from tests.helpers.corpora import stdlib_source_dir
 
 _TINY = [
     "model.vocab_size=600", "model.num_layers=2", "model.hidden_size=64",
