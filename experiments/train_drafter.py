@@ -9,25 +9,15 @@ the config's workdir and reaches the same parameters as an uninterrupted run.
 
 from __future__ import annotations
 
-import json
-
 from specjax import cli
 from specjax.train.drafter import train_drafter
 
+REPORT = ("method", "num_params", "steps", "tokens_seen", "wall_seconds",
+          "draft_vocab_coverage", "heldout_agreement_by_depth")
+
 
 def main(argv=None):
-  parser = cli.config_parser(__doc__.splitlines()[0], stop_after=True)
-  args = parser.parse_args(argv)
-  cfg = cli.load_from_args(args)
-  summary = train_drafter(cfg, stop_after=args.stop_after)
-  if summary["finished"]:
-    meta = summary["metadata"]
-    print(json.dumps({k: meta[k] for k in ("method", "num_params", "steps", "tokens_seen",
-                                           "wall_seconds", "draft_vocab_coverage",
-                                           "heldout_agreement_by_depth")}, indent=2))
-    print(f"exported to {summary['export_dir']}")
-  else:
-    print(f"stopped at step {summary['step']} of {cfg.optim.total_steps}; run again to resume")
+  return cli.train_main(__doc__.splitlines()[0], train_drafter, REPORT, argv=argv)
 
 
 if __name__ == "__main__":

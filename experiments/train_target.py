@@ -10,25 +10,16 @@ the config's workdir and reaches the same parameters as an uninterrupted run.
 
 from __future__ import annotations
 
-import json
-
 from specjax import cli
 from specjax.train.target_lm import train_lm
 
+REPORT = ("num_params", "steps", "tokens_seen", "wall_seconds", "heldout_loss",
+          "unigram_baseline_loss")
+
 
 def main(argv=None):
-  parser = cli.config_parser(__doc__.splitlines()[0], default_config="configs/target_stdlib.py",
-                             stop_after=True)
-  args = parser.parse_args(argv)
-  cfg = cli.load_from_args(args)
-  summary = train_lm(cfg, stop_after=args.stop_after)
-  if summary["finished"]:
-    meta = summary["metadata"]
-    print(json.dumps({k: meta[k] for k in ("num_params", "steps", "tokens_seen", "wall_seconds",
-                                           "heldout_loss", "unigram_baseline_loss")}, indent=2))
-    print(f"exported to {summary['export_dir']}")
-  else:
-    print(f"stopped at step {summary['step']} of {cfg.optim.total_steps}; run again to resume")
+  return cli.train_main(__doc__.splitlines()[0], train_lm, REPORT,
+                        default_config="configs/target_stdlib.py", argv=argv)
 
 
 if __name__ == "__main__":

@@ -7,9 +7,10 @@ error: one line `error: <message>` on stderr and exit status 2, before any work 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from specjax.config_utils import load_config
@@ -56,3 +57,22 @@ def fail(message: str) -> NoReturn:
   """Prints `error: <message>` as one line on stderr and exits with status 2 (a usage error)."""
   print("error: " + " ".join(message.split()), file=sys.stderr)
   sys.exit(2)
+
+
+def train_main(description: str, train: Callable[..., dict[str, Any]],
+               report: Sequence[str], *, default_config: str | None = None,
+               argv: Sequence[str] | None = None) -> dict[str, Any]:
+  """The entry point of a resumable trainer: `--config`, `--set`, `--stop-after`; runs
+  `train(cfg, stop_after=...)` (a summary with "finished", "step" and, when finished,
+  "metadata" and "export_dir") and prints the `report` fields of the metadata, or where the run
+  stopped."""
+  parser = config_parser(description, default_config=default_config, stop_after=True)
+  args = parser.parse_args(argv)
+  cfg = load_from_args(args)
+  summary = train(cfg, stop_after=args.stop_after)
+  if summary["finished"]:
+    print(json.dumps({k: summary["metadata"][k] for k in report}, indent=2))
+    print(f"exported to {summary['export_dir']}")
+  else:
+    print(f"stopped at step {summary['step']} of {cfg.optim.total_steps}; run again to resume")
+  return summary
