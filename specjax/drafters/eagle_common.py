@@ -123,7 +123,7 @@ def unroll(net, feats: jax.Array, tokens: jax.Array, emb_table: jax.Array, head,
 @struct.dataclass
 class EagleState:
   cache: KVCache  # [1, B, S_d, K, D] the drafter's own; length = c
-  feats: jax.Array  # [B, depth + 1, F] target features of the pairs not yet fed
+  feats: jax.Array  # [B, P + 1, F] target features of the pairs not yet fed (P: longest path)
   n_new: jax.Array  # int32[B] how many of them (>= 1)
 
 
@@ -146,6 +146,11 @@ class EagleDrafter(learned.LearnedDrafter):
   @property
   def _tree_slots(self) -> int:
     return (self.depth - 1) * self.top_k
+
+  @property
+  def _longest_path(self) -> int:
+    """The most draft nodes one round can accept: the tree's depth, or its size if smaller."""
+    return min(self.depth, self.total_tokens)
 
   def _net(self):
     return learned.merge(self.module, self.net, self.params)
@@ -173,7 +178,7 @@ class EagleDrafter(learned.LearnedDrafter):
     _, cache = self._feed(net, net.features(feats), emb, positions, cache,
                           jnp.zeros((b,), jnp.int32), mask)
     pending = learned.take_rows(feats, n_fed)[:, None]
-    pad = jnp.zeros((b, self.depth, feats.shape[-1]), feats.dtype)
+    pad = jnp.zeros((b, self._longest_path, feats.shape[-1]), feats.dtype)
     return EagleState(cache.replace(length=n_fed), jnp.concatenate([pending, pad], axis=1),
                       jnp.ones((b,), jnp.int32))
 
@@ -220,8 +225,8 @@ class EagleDrafter(learned.LearnedDrafter):
   def update(self, target: TargetView, state: EagleState, result: RoundResult) -> EagleState:
     acc = result.acceptance
     feats = learned.concat_features(result.hidden).astype(state.feats.dtype)  # [B, N+1, F]
-    # A path is at most `depth` nodes deep: pending + accepted rows fit in depth + 1.
-    feats = jnp.take_along_axis(feats, acc.path[:, :self.depth + 1, None], axis=1)
+    # Pending + the accepted rows fit in longest path + 1 (the path's first entries).
+    feats = jnp.take_along_axis(feats, acc.path[:, :self._longest_path + 1, None], axis=1)
     live = result.live
     return EagleState(state.cache, jnp.where(live[:, None, None], feats, state.feats),
                       jnp.where(live, acc.n_accepted + 1, state.n_new))
