@@ -30,7 +30,7 @@ class EagleConfig:
     return self.model.dtype
 
   def with_dtype(self, dtype: str) -> EagleConfig:
-    return EagleConfig(self.model.replace(dtype=dtype))
+    return EagleConfig(self.model.replace(dtype=dtype, compute_dtype=dtype))
 
 
 class EagleNet(nnx.Module):
@@ -68,7 +68,8 @@ class EagleFamily(eagle_common.EagleFamily):
 
   def make_config(self, target_cfg, *, draft_vocab_size, num_features, **_) -> EagleConfig:
     del draft_vocab_size, num_features  # the target's head; one feature, the final state
-    return EagleConfig(target_cfg.replace(num_layers=1, attention_impl="xla"))
+    return EagleConfig(target_cfg.replace(num_layers=1, attention_impl="xla",
+                                          compute_dtype=target_cfg.dtype))
 
   def depth_logits(self, net, params, x, num_steps, *, train=False):
     """logits[s] for the token at t + s + 2, unrolled on the drafter's own outputs; in

@@ -35,7 +35,7 @@ class Eagle3Config:
     return self.model.dtype
 
   def with_dtype(self, dtype: str) -> Eagle3Config:
-    return dataclasses.replace(self, model=self.model.replace(dtype=dtype))
+    return dataclasses.replace(self, model=self.model.replace(dtype=dtype, compute_dtype=dtype))
 
 
 class Eagle3Net(nnx.Module):
@@ -88,8 +88,9 @@ class Eagle3Family(eagle_common.EagleFamily):
     return (max(1, n // 3), max(1, 2 * n // 3), n)
 
   def make_config(self, target_cfg, *, draft_vocab_size, num_features, **_) -> Eagle3Config:
-    return Eagle3Config(target_cfg.replace(num_layers=1, attention_impl="xla"), num_features,
-                        draft_vocab_size)
+    return Eagle3Config(target_cfg.replace(num_layers=1, attention_impl="xla",
+                                           compute_dtype=target_cfg.dtype),
+                        num_features, draft_vocab_size)
 
   def check_training(self, cfg) -> None:
     if cfg.train_steps < 3:

@@ -117,10 +117,13 @@ def params_from_hf_tensors(cfg: ModelConfig, tensors: dict[str, jax.Array]) -> n
 
 
 def load_target(path: str | os.PathLike, dtype: str | None = None, *,
-                attention_impl: str = "xla", tokenizer: bool = True) -> Target:
+                compute_dtype: str = "float32", attention_impl: str = "xla",
+                tokenizer: bool = True) -> Target:
   """Loads an HF-format folder (config.json + safetensors [+ tokenizer.json]) as a `Target`.
 
-  dtype: "float32" or "bfloat16" (default: the checkpoint's own dtype).
+  dtype: how the parameters are stored, "float32" or "bfloat16" (default: the checkpoint's own).
+  compute_dtype: activations and KV cache (`ModelConfig.compute_dtype`): float32 by default, so
+  greedy output does not depend on batch composition or block length; "bfloat16" for speed.
   """
   path = os.fspath(path)
   config_file = os.path.join(path, "config.json")
@@ -128,7 +131,7 @@ def load_target(path: str | os.PathLike, dtype: str | None = None, *,
     raise ValueError(f"checkpoint folder {path} does not exist")
   if not os.path.exists(config_file):
     raise ValueError(f"{path} has no config.json")
-  overrides = {"attention_impl": attention_impl}
+  overrides = {"attention_impl": attention_impl, "compute_dtype": compute_dtype}
   if dtype is not None:
     overrides["dtype"] = dtype
   cfg = ModelConfig.from_json_file(config_file, **overrides)

@@ -73,7 +73,12 @@ class ModelConfig:
   qk_norm: bool = False
   bos_token_id: int | None = None
   eos_token_id: tuple[int, ...] = ()
-  dtype: str = "float32"  # parameter and activation dtype
+  dtype: str = "float32"  # parameter (storage) dtype: the checkpoint's, or what loading asks for
+  # Activations, matmul outputs, logits and the KV cache. The numerics policy: float32 whatever the
+  # storage dtype, so a bfloat16 checkpoint decodes as the float32 model of its own weights, whose
+  # greedy tokens do not depend on batch composition or block length (README, "Numerics").
+  # "bfloat16" trades that for speed and memory on accelerators.
+  compute_dtype: str = "float32"
   attention_impl: str = "xla"  # a name registered in `specjax.models.attention`
 
   def __post_init__(self):
@@ -83,8 +88,10 @@ class ModelConfig:
     if self.num_heads % self.num_kv_heads:
       raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
                        f"({self.num_kv_heads})")
-    if self.dtype not in _DTYPES:
-      raise ValueError(f"unsupported dtype {self.dtype!r}; supported: {sorted(_DTYPES)}")
+    for name in ("dtype", "compute_dtype"):
+      if getattr(self, name) not in _DTYPES:
+        raise ValueError(f"unsupported {name} {getattr(self, name)!r}; supported: "
+                         f"{sorted(_DTYPES)}")
     if self.attention_impl not in attention_impls():
       raise ValueError(f"unknown attention_impl {self.attention_impl!r}; "
                        f"registered: {attention_impls()}")
@@ -95,7 +102,13 @@ class ModelConfig:
 
   @property
   def jnp_dtype(self):
+    """The parameters' dtype."""
     return _DTYPES[self.dtype]
+
+  @property
+  def compute_jnp_dtype(self):
+    """The activations' and KV cache's dtype."""
+    return _DTYPES[self.compute_dtype]
 
   @property
   def hf_architecture(self) -> str:

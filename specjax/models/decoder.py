@@ -36,14 +36,14 @@ class Decoder(nnx.Module):
 
   def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
     self.config = cfg
-    self.embed_tokens = nnx.Embed(cfg.vocab_size, cfg.hidden_size, dtype=cfg.jnp_dtype,
+    self.embed_tokens = nnx.Embed(cfg.vocab_size, cfg.hidden_size, dtype=cfg.compute_jnp_dtype,
                                   param_dtype=cfg.jnp_dtype,
                                   embedding_init=nnx.initializers.normal(0.02), rngs=rngs)
     self.layers = nnx.List([DecoderLayer(cfg, rngs) for _ in range(cfg.num_layers)])
     self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.jnp_dtype)
     if not cfg.tie_word_embeddings:
       self.lm_head = nnx.Linear(cfg.hidden_size, cfg.vocab_size, use_bias=False,
-                                dtype=cfg.jnp_dtype, param_dtype=cfg.jnp_dtype,
+                                dtype=cfg.compute_jnp_dtype, param_dtype=cfg.jnp_dtype,
                                 kernel_init=nnx.initializers.normal(0.02), rngs=rngs)
 
   def head(self, x: jax.Array) -> jax.Array:
@@ -150,7 +150,7 @@ def full_forward(cfg: ModelConfig, params: nnx.State, tokens: jax.Array,
 
 def init_cache(cfg: ModelConfig, batch: int, max_len: int) -> KVCache:
   return KVCache.init(cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim,
-                      cfg.jnp_dtype)
+                      cfg.compute_jnp_dtype)
 
 
 def num_params(params: nnx.State) -> int:

@@ -2,7 +2,9 @@
 
 Attribute names mirror the Hugging Face modules (`self_attn.q_proj`, `mlp.gate_proj`, ...) so the
 checkpoint mapping in `specjax.interop` is mechanical. Numerics follow transformers: RMSNorm and
-RoPE tables in float32, attention softmax in float32, everything else in the config dtype.
+RoPE tables in float32, attention softmax in float32. Parameters are stored in `config.dtype`
+and every activation is computed in `config.compute_dtype` (float32 unless asked otherwise: the
+numerics policy of `ModelConfig`).
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ _INIT = nnx.initializers.normal(0.02)  # transformers' `initializer_range` defau
 
 
 def _linear(cfg: ModelConfig, d_in: int, d_out: int, bias: bool, rngs: nnx.Rngs) -> nnx.Linear:
-  return nnx.Linear(d_in, d_out, use_bias=bias, dtype=cfg.jnp_dtype, param_dtype=cfg.jnp_dtype,
-                    kernel_init=_INIT, rngs=rngs)
+  return nnx.Linear(d_in, d_out, use_bias=bias, dtype=cfg.compute_jnp_dtype,
+                    param_dtype=cfg.jnp_dtype, kernel_init=_INIT, rngs=rngs)
 
 
 class RMSNorm(nnx.Module):
@@ -35,7 +37,7 @@ class RMSNorm(nnx.Module):
   def __call__(self, x: jax.Array) -> jax.Array:
     x32 = x.astype(jnp.float32)
     x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-    return self.weight[...] * x32.astype(x.dtype)
+    return self.weight[...].astype(x.dtype) * x32.astype(x.dtype)
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling) -> np.ndarray:

@@ -218,7 +218,8 @@ def test_tree_verification_and_commit_equal_causal_forwards(hf_checkpoint, varia
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_bfloat16_logits_close_to_float32(hf_checkpoint, variant):
-  """`load_target(dtype="bfloat16")` runs and stays as close to float32 as transformers' own bf16.
+  """`load_target(dtype="bfloat16", compute_dtype="bfloat16")` (bf16 weights and activations,
+  the opt-in fast path) runs and stays as close to float32 as transformers' own bf16.
 
   Bounds (reasoned, not fitted): bf16 keeps 8 significant bits (unit roundoff 2^-9 = 2e-3); these
   random models carry a residual stream of |x| ~ 60 into logits of RMS ~2.5, so the rounding of
@@ -231,8 +232,8 @@ def test_bfloat16_logits_close_to_float32(hf_checkpoint, variant):
   """
   ckpt = hf_checkpoint(variant)
   t32 = ckpt.target
-  t16 = specjax.load_target(ckpt.path, dtype="bfloat16")
-  assert t16.config.dtype == "bfloat16"
+  t16 = specjax.load_target(ckpt.path, dtype="bfloat16", compute_dtype="bfloat16")
+  assert t16.config.dtype == t16.config.compute_dtype == "bfloat16"
   assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(t16.params))
   tokens = np.random.default_rng(4).integers(0, VOCAB, (3, 40))
   f32 = np.asarray(_full_forward(t32.config, t32.params, jnp.asarray(tokens, jnp.int32)).logits)
@@ -255,6 +256,32 @@ def test_bfloat16_logits_close_to_float32(hf_checkpoint, variant):
   top2 = np.sort(f32, axis=-1)[..., -2:]
   clear = top2[..., 1] - top2[..., 0] > 7 * err
   assert np.all(agree[clear]), "argmax flipped where the f32 top-2 margin is large"
+
+
+@pytest.mark.parametrize("variant", ["llama_gqa_tied", "qwen3_qknorm"])
+def test_bfloat16_weights_compute_in_float32_by_default(hf_checkpoint, variant):
+  """The numerics policy: a bf16-stored target (the default `compute_dtype`) keeps its weights
+  in bf16 and computes in float32: float32 logits and KV cache, within the float32 whole-model
+  tolerance (1e-4) of the float32 model of those same rounded weights (not bit-equal: XLA fuses
+  the upcast into the matmuls, which may sum in another order), and far closer to it than
+  computing in bf16 is."""
+  ckpt = hf_checkpoint(variant)
+  t16 = specjax.load_target(ckpt.path, dtype="bfloat16")
+  assert t16.config.compute_dtype == "float32"
+  assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(t16.params))
+  rounded = ckpt.target.replace(params=jax.tree.map(
+      lambda x: x.astype(jnp.bfloat16).astype(jnp.float32), ckpt.target.params))
+  tokens = jnp.asarray(np.random.default_rng(5).integers(0, VOCAB, (2, 24)), jnp.int32)
+  layers = tuple(range(t16.config.num_layers + 1))
+  a = _full_forward(t16.config, t16.params, tokens, hidden_layers=layers)
+  b = _full_forward(rounded.config, rounded.params, tokens, hidden_layers=layers)
+  assert a.logits.dtype == jnp.float32
+  np.testing.assert_allclose(np.asarray(a.logits), np.asarray(b.logits), atol=1e-4, rtol=0)
+  fast = specjax.load_target(ckpt.path, dtype="bfloat16", compute_dtype="bfloat16")
+  c = _full_forward(fast.config, fast.params, tokens).logits.astype(jnp.float32)
+  err = np.abs(np.asarray(a.logits) - np.asarray(b.logits)).max()
+  assert err < 0.01 * np.abs(np.asarray(c) - np.asarray(b.logits)).max()
+  assert decoder.init_cache(t16.config, 1, 8).k.dtype == jnp.float32
 
 
 # -- 5. round trips ----------------------------------------------------------------------------
