@@ -1,4 +1,4 @@
-"""`Target`: a loaded target model (config, params, optional tokenizer)."""
+"""`Target`: a loaded target model (config, params, optional tokenizer, generation defaults)."""
 
 from __future__ import annotations
 
@@ -11,18 +11,55 @@ from specjax.models import decoder
 from specjax.models.config import ModelConfig
 
 
+@dataclasses.dataclass(frozen=True)
+class GenerationDefaults:
+  """The special ids a folder's `generation_config.json` declares.
+
+  transformers' `generate` stops at these ids, not at config.json's, so a loaded target keeps
+  them to stop where transformers stops, and `save_hf` writes its bos and pad back.
+  """
+
+  eos_token_id: tuple[int, ...] = ()
+  bos_token_id: int | None = None
+  pad_token_id: int | None = None
+
+  @classmethod
+  def from_hf_dict(cls, d: dict[str, Any]) -> GenerationDefaults:
+    """Parses a `generation_config.json`; `eos_token_id` may be an int, a list or absent."""
+    eos = d.get("eos_token_id")
+    eos = () if eos is None else tuple(eos) if isinstance(eos, (list, tuple)) else (eos,)
+    ids = {"eos_token_id": eos, "bos_token_id": d.get("bos_token_id"),
+           "pad_token_id": d.get("pad_token_id")}
+    for name, value in ids.items():
+      for v in value if isinstance(value, tuple) else () if value is None else (value,):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+          raise ValueError(f"generation_config.json: {name} must be non-negative ints, "
+                           f"got {d.get(name)!r}")
+    return cls(**ids)
+
+  def to_hf_dict(self) -> dict[str, Any]:
+    d: dict[str, Any] = {"bos_token_id": self.bos_token_id,
+                         "eos_token_id": list(self.eos_token_id) or None}
+    if self.pad_token_id is not None:
+      d["pad_token_id"] = self.pad_token_id
+    return d
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Target:
   """What `load_target` returns and `generate` consumes.
 
   config: static model config (hashable, a jit static argument);
   params: the decoder's `nnx.State` pytree;
-  tokenizer: a `tokenizers.Tokenizer` when the checkpoint ships `tokenizer.json`, else None.
+  tokenizer: a `tokenizers.Tokenizer` when the checkpoint ships `tokenizer.json`, else None;
+  generation: what `generation_config.json` declared, None without one. `generate` stops at
+  `config.eos_token_id`, which `load_target` sets to the generation config's EOS when there is one.
   """
 
   config: ModelConfig
   params: nnx.State
   tokenizer: Any = None
+  generation: GenerationDefaults | None = None
 
   @classmethod
   def random(cls, config: ModelConfig, seed: int = 0, tokenizer: Any = None) -> Target:
@@ -36,11 +73,15 @@ class Target:
     return dataclasses.replace(self, **changes)
 
   def encode(self, text: str) -> list[int]:
+    """Token ids of `text`. Whether a literal special token's text (e.g. '<|endoftext|>') becomes
+    its id follows the folder's `split_special_tokens` (see `interop.hf.load_target`)."""
     if self.tokenizer is None:
       raise ValueError("this target has no tokenizer: pass token ids instead of text")
     return self.tokenizer.encode(text).ids
 
-  def decode(self, ids) -> str:
+  def decode(self, ids, skip_special_tokens: bool = True) -> str:
+    """Text of `ids`, without special tokens (EOS) unless asked, as transformers' `decode`
+    with `skip_special_tokens=True` gives it."""
     if self.tokenizer is None:
       raise ValueError("this target has no tokenizer")
-    return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+    return self.tokenizer.decode([int(t) for t in ids], skip_special_tokens=skip_special_tokens)

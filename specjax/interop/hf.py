@@ -1,13 +1,16 @@
 """Hugging Face checkpoints <-> specjax params.
 
 A folder holds `config.json`, the weights as `model.safetensors` or as shards listed in
-`model.safetensors.index.json`, and optionally `tokenizer.json`. Paths only: nothing is fetched
-from a hub. Tensor names map mechanically onto the NNX param paths (the module attributes mirror
-transformers'); linear kernels are stored transposed (`[out, in]` in torch, `[in, out]` in Flax).
+`model.safetensors.index.json`, and optionally `generation_config.json`, `tokenizer.json` and
+`tokenizer_config.json`; they are read as transformers reads them, so that the same folder
+tokenizes, stops and decodes alike in both. Paths only: nothing is fetched from a hub. Tensor
+names map mechanically onto the NNX param paths (the module attributes mirror transformers');
+linear kernels are stored transposed (`[out, in]` in torch, `[in, out]` in Flax).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Iterator
@@ -19,10 +22,19 @@ from flax import nnx
 from safetensors import SafetensorError, safe_open
 from safetensors.flax import save_file
 
+from specjax.interop.tokenizer import (
+  TOKENIZER_CONFIG_FILE,
+  TOKENIZER_FILE,
+  apply_tokenizer_config,
+  hf_tokenizer_config,
+  load_tokenizer,
+  read_tokenizer_config,
+)
 from specjax.models import decoder
 from specjax.models.config import ModelConfig
-from specjax.target import Target
+from specjax.target import GenerationDefaults, Target
 
+_GENERATION = "generation_config.json"
 _INDEX = "model.safetensors.index.json"
 _SINGLE = "model.safetensors"
 # Buffers some exporters write that carry no parameters.
@@ -116,14 +128,34 @@ def params_from_hf_tensors(cfg: ModelConfig, tensors: dict[str, jax.Array]) -> n
   return nnx.from_flat_state(flat)
 
 
+def read_generation_config(path: str | os.PathLike) -> GenerationDefaults | None:
+  """The folder's `generation_config.json` special ids, None when it has none."""
+  file = os.path.join(os.fspath(path), _GENERATION)
+  if not os.path.exists(file):
+    return None
+  with open(file) as f:
+    try:
+      d = json.load(f)
+    except json.JSONDecodeError as e:
+      raise ValueError(f"{file} is not valid JSON: {e}") from e
+  if not isinstance(d, dict):
+    raise ValueError(f"{file} must hold a JSON object")
+  return GenerationDefaults.from_hf_dict(d)
+
+
 def load_target(path: str | os.PathLike, dtype: str | None = None, *,
                 compute_dtype: str = "float32", attention_impl: str = "xla",
                 tokenizer: bool = True) -> Target:
-  """Loads an HF-format folder (config.json + safetensors [+ tokenizer.json]) as a `Target`.
+  """Loads an HF-format folder (config.json + safetensors [+ tokenizer files]) as a `Target`.
 
   dtype: how the parameters are stored, "float32" or "bfloat16" (default: the checkpoint's own).
   compute_dtype: activations and KV cache (`ModelConfig.compute_dtype`): float32 by default, so
   greedy output does not depend on batch composition or block length; "bfloat16" for speed.
+  EOS: as in transformers, a `generation_config.json` decides the ids `generate` stops at (all
+  of them: none if it names none); config.json's count only without one. The target's
+  `config.eos_token_id` holds the ids in force and `generation` what the file said.
+  Tokenizer: `tokenizer.json` with `tokenizer_config.json`'s `split_special_tokens` (default
+  false, as in transformers).
   """
   path = os.fspath(path)
   config_file = os.path.join(path, "config.json")
@@ -135,12 +167,19 @@ def load_target(path: str | os.PathLike, dtype: str | None = None, *,
   if dtype is not None:
     overrides["dtype"] = dtype
   cfg = ModelConfig.from_json_file(config_file, **overrides)
+  generation = read_generation_config(path)
+  if generation is not None:
+    for e in generation.eos_token_id:
+      if e >= cfg.vocab_size:
+        raise ValueError(f"{os.path.join(path, _GENERATION)}: eos_token_id {e} outside the "
+                         f"vocabulary [0, {cfg.vocab_size})")
+    cfg = cfg.replace(eos_token_id=generation.eos_token_id)
   params = params_from_hf_tensors(cfg, dict(_iter_tensors(path)))
   tok = None
-  if tokenizer and os.path.exists(os.path.join(path, "tokenizer.json")):
-    from specjax.interop.tokenizer import load_tokenizer
-    tok = load_tokenizer(path, vocab_size=cfg.vocab_size)
-  return Target(cfg, params, tok)
+  if tokenizer and os.path.exists(os.path.join(path, TOKENIZER_FILE)):
+    tok = apply_tokenizer_config(load_tokenizer(path, vocab_size=cfg.vocab_size),
+                                 read_tokenizer_config(path))
+  return Target(cfg, params, tok, generation)
 
 
 # -- writing -----------------------------------------------------------------------------------
@@ -151,15 +190,15 @@ def save_hf(target: Target, path: str | os.PathLike, *, max_shard_bytes: int = 2
   """Writes `target` as a folder that `transformers.AutoModelForCausalLM.from_pretrained` loads.
 
   Weights above `max_shard_bytes` are split into shards with a `model.safetensors.index.json`.
+  `generation_config.json` names the EOS ids `generate` stops at; with a tokenizer,
+  `tokenizer.json` and the `tokenizer_config.json` under which `AutoTokenizer` matches it.
   """
   path = os.fspath(path)
   os.makedirs(path, exist_ok=True)
   with open(os.path.join(path, "config.json"), "w") as f:
     json.dump(target.config.to_hf_dict(), f, indent=2)
-  gen = {"bos_token_id": target.config.bos_token_id,
-         "eos_token_id": list(target.config.eos_token_id) or None, "do_sample": False}
-  with open(os.path.join(path, "generation_config.json"), "w") as f:
-    json.dump(gen, f, indent=2)
+  with open(os.path.join(path, _GENERATION), "w") as f:
+    json.dump({**generation_defaults(target).to_hf_dict(), "do_sample": False}, f, indent=2)
   tensors = to_hf_tensors(target.params)
   shards = _shard(tensors, max_shard_bytes)
   for stale in (_SINGLE, _INDEX):  # never leave a stale single file beside a new index
@@ -177,10 +216,32 @@ def save_hf(target: Target, path: str | os.PathLike, *, max_shard_bytes: int = 2
     with open(os.path.join(path, _INDEX), "w") as f:
       json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
   if target.tokenizer is not None:
-    target.tokenizer.save(os.path.join(path, "tokenizer.json"))
+    target.tokenizer.save(os.path.join(path, TOKENIZER_FILE))
+    write_tokenizer_config(target, path)
   for name, text in (extra_files or {}).items():
     with open(os.path.join(path, name), "w") as f:
       f.write(text)
+
+
+def generation_defaults(target: Target) -> GenerationDefaults:
+  """What `save_hf` writes to `generation_config.json`: the EOS ids `generate` stops at, bos and
+  pad as read (from the config when the target was not loaded with a generation config)."""
+  gen = target.generation or GenerationDefaults(bos_token_id=target.config.bos_token_id)
+  return dataclasses.replace(gen, eos_token_id=tuple(target.config.eos_token_id))
+
+
+def write_tokenizer_config(target: Target, path: str | os.PathLike) -> str:
+  """Writes the `tokenizer_config.json` matching `target.tokenizer` into folder `path`."""
+  gen = generation_defaults(target)
+  d = hf_tokenizer_config(target.tokenizer,
+                          model_max_length=target.config.max_position_embeddings,
+                          eos_token_ids=gen.eos_token_id, bos_token_id=gen.bos_token_id,
+                          pad_token_id=gen.pad_token_id)
+  out = os.path.join(os.fspath(path), TOKENIZER_CONFIG_FILE)
+  with open(out, "w") as f:
+    json.dump(d, f, indent=2)
+    f.write("\n")
+  return out
 
 
 def _shard(tensors: dict[str, jax.Array], max_bytes: int) -> list[dict[str, jax.Array]]:

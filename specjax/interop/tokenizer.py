@@ -1,17 +1,24 @@
 """Reading `tokenizer.json` (the HF `tokenizers` format) and fingerprinting a tokenizer.
 
 The one loader and the one fingerprint: checkpoints, drafters and the training pipeline all read
-tokenizers here, so a missing or corrupt file is reported the same way everywhere.
+tokenizers here, so a missing or corrupt file is reported the same way everywhere. Also the
+`tokenizer_config.json` that makes `transformers.AutoTokenizer` run this very `tokenizer.json`
+with the same settings (without one, it picks the model type's tokenizer class, which may split
+text differently).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+from collections.abc import Sequence
+from typing import Any
 
 from tokenizers import Tokenizer
 
 TOKENIZER_FILE = "tokenizer.json"
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 
 
 def tokenizer_path(path: str | os.PathLike) -> str:
@@ -43,3 +50,61 @@ def tokenizer_fingerprint(tok: Tokenizer | None) -> str | None:
   """sha256 of the serialized tokenizer (None for None): equal fingerprints mean equal token
   ids, so it pairs drafters with targets and keys caches of tokenized text."""
   return None if tok is None else hashlib.sha256(tok.to_str().encode("utf-8")).hexdigest()
+
+
+def read_tokenizer_config(folder: str | os.PathLike) -> dict[str, Any]:
+  """The folder's `tokenizer_config.json` as a dict ({} when it has none)."""
+  src = os.path.join(os.fspath(folder), TOKENIZER_CONFIG_FILE)
+  if not os.path.isfile(src):
+    return {}
+  with open(src) as f:
+    try:
+      d = json.load(f)
+    except json.JSONDecodeError as e:
+      raise ValueError(f"{src!r} is not valid JSON: {e}") from e
+  if not isinstance(d, dict):
+    raise ValueError(f"{src!r} must hold a JSON object")
+  return d
+
+
+def apply_tokenizer_config(tok: Tokenizer, config: dict[str, Any]) -> Tokenizer:
+  """Sets the runtime switch `tokenizer.json` does not store as transformers does: with
+  `split_special_tokens` (default false) the literal text of a special token is encoded as
+  ordinary text, never as the special id."""
+  tok.encode_special_tokens = bool(config.get("split_special_tokens", False))
+  return tok
+
+
+def _special_token(tok: Tokenizer, token_id: int | None) -> str | None:
+  """The content of `token_id` if it is one of `tok`'s special added tokens. Naming any other
+  token would make transformers add it as a new special token, changing how text splits."""
+  added = tok.get_added_tokens_decoder()
+  if token_id is None or token_id not in added or not added[token_id].special:
+    return None
+  return added[token_id].content
+
+
+def hf_tokenizer_config(tok: Tokenizer, *, model_max_length: int,
+                        eos_token_ids: Sequence[int] = (), bos_token_id: int | None = None,
+                        pad_token_id: int | None = None) -> dict[str, Any]:
+  """The `tokenizer_config.json` under which `AutoTokenizer` encodes and decodes like `tok`.
+
+  `PreTrainedTokenizerFast` runs `tokenizer.json` as is (a model-specific class may rebuild it);
+  no `add_bos_token`/`add_eos_token` keys, which would replace the post-processor; no cleanup of
+  spaces in decode; `split_special_tokens` carries `tok.encode_special_tokens`. The EOS token is
+  the first of `eos_token_ids` that is a special token (transformers names one).
+  """
+  pre = json.loads(tok.to_str()).get("pre_tokenizer") or {}
+  d: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast",
+                       "model_max_length": model_max_length,
+                       "clean_up_tokenization_spaces": False,
+                       "split_special_tokens": bool(tok.encode_special_tokens)}
+  if "add_prefix_space" in pre:
+    d["add_prefix_space"] = bool(pre["add_prefix_space"])
+  eos = next((e for e in eos_token_ids if _special_token(tok, e) is not None), None)
+  for name, token_id in (("bos_token", bos_token_id), ("eos_token", eos),
+                         ("pad_token", pad_token_id)):
+    content = _special_token(tok, token_id)
+    if content is not None:
+      d[name] = content
+  return d

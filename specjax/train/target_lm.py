@@ -3,6 +3,8 @@
 The pipeline, each step resumable: build the TFDS dataset -> train (or reuse) a byte-level BPE
 tokenizer saved in the workdir -> tokenize and pack the corpus (cached) -> optax training with
 orbax checkpoints -> export an HF folder (`save_hf`) with `tokenizer.json` and `metadata.json`.
+The export's `tokenizer_config.json` carries the corpus encoding (literal special-token text
+stays text), so `load_target` and transformers encode prompts as training encoded the corpus.
 """
 
 from __future__ import annotations
@@ -190,7 +192,8 @@ def train_lm(cfg: LMTrainConfig, *, stop_after: int | None = None,
 
 def export(cfg: LMTrainConfig, model_cfg: ModelConfig, result: loop.TrainResult,
            data: PreparedData, export_dir: str) -> dict[str, Any]:
-  """Writes the HF folder + tokenizer + metadata.json; scores the exported weights held-out."""
+  """Writes the HF folder + tokenizer (+ its config) + metadata.json; scores the exported weights
+  held-out."""
   export_cfg = model_cfg.replace(dtype=cfg.export_dtype)
   params = jax.tree.map(lambda x: x.astype(export_cfg.jnp_dtype), result.params)
   # Score what is shipped: the exported weights read back in float32, at the final context.

@@ -98,3 +98,21 @@ def test_greedy_completion_of_a_humaneval_prompt_is_code():
   out = specjax.generate(target, [prompt], max_new_tokens=32)
   assert len(out.tokens[0]) >= 1
   assert out.text[0].startswith(("    ", "\n"))
+
+
+@pytest.mark.parametrize("name", sorted(_FOLDERS))
+def test_tokenizer_config_is_what_save_hf_writes(name, tmp_path):
+  """The shipped `tokenizer_config.json` (which makes `AutoTokenizer` run `tokenizer.json` as
+  specjax does, see tests/interop/test_hf_fidelity.py) is the one `save_hf` writes for the
+  folder's target with the corpus tokenizer, and `load_target` reads it back: literal special-
+  token text is encoded as text, as in training."""
+  from specjax import data
+  from specjax.interop.hf import write_tokenizer_config
+  from specjax.interop.tokenizer import load_tokenizer
+  path = _FOLDERS[name]
+  target = specjax.load_target(path)
+  assert target.tokenizer.encode_special_tokens
+  corpus = target.replace(tokenizer=data.for_corpus(load_tokenizer(path)))
+  written = write_tokenizer_config(corpus, tmp_path)
+  with open(written) as a, open(os.path.join(path, "tokenizer_config.json")) as b:
+    assert a.read() == b.read()
