@@ -212,7 +212,7 @@ SEED_LIMIT = 2**32  # jax.random.key reads a seed modulo 2**32: larger ones woul
 
 
 def _is_single_prompt(prompts) -> bool:
-  if isinstance(prompts, (str, bytes, bytearray)):
+  if isinstance(prompts, str):
     return True
   if isinstance(prompts, (np.ndarray, jax.Array)):
     return prompts.ndim == 1
@@ -244,6 +244,8 @@ def _prepare_prompts(target: Target, prompts) -> list[list[int]]:
   if not isinstance(prompts, (Sequence, np.ndarray, jax.Array)):
     raise ValueError(f"prompts must be a list of prompts (strings or token-id lists), got "
                      f"{type(prompts).__name__}")
+  if isinstance(prompts, (bytes, bytearray)):
+    raise ValueError("prompts is bytes: decode it to text (str) and pass a list of prompts")
   if _is_single_prompt(prompts):
     raise ValueError("prompts must be a list of prompts (strings or token-id lists), "
                      "not a single prompt")
