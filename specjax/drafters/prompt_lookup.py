@@ -88,14 +88,14 @@ class PromptLookup(Stateless):
 def build(target, *, num_tokens: int = 3, num_branches: int = 1, max_ngram: int = 3,
           min_ngram: int = 1) -> PromptLookup:
   """Options are ints; the tree (num_tokens * num_branches nodes) and the n-grams fit the
-  target's context."""
-  context = target.config.max_position_embeddings
+  target's context. Model-free: `target` may be None (no context bound, no target recorded)."""
+  context = None if target is None else target.config.max_position_embeddings
   num_tokens = checks.integer("prompt_lookup num_tokens", num_tokens, lo=1, hi=context)
   num_branches = checks.integer("prompt_lookup num_branches", num_branches, lo=1,
-                                hi=context // num_tokens)
+                                hi=None if context is None else context // num_tokens)
   max_ngram = checks.integer("prompt_lookup max_ngram", max_ngram, lo=1, hi=context)
   min_ngram = checks.integer("prompt_lookup min_ngram", min_ngram, lo=1, hi=context)
   if min_ngram > max_ngram:
     raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
   return PromptLookup(num_tokens, num_branches, max_ngram, min_ngram,
-                      built_for=TargetFacts.of(target.config))
+                      built_for=None if target is None else TargetFacts.of(target.config))
