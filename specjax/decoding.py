@@ -23,8 +23,16 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from specjax import metrics, trees, verify
-from specjax.drafters.base import DraftContext, Drafter, NoDrafter, Prefill, RoundResult, TargetView
+from specjax import checks, metrics, trees, verify
+from specjax.drafters.base import (
+    DraftContext,
+    Drafter,
+    NoDrafter,
+    Prefill,
+    RoundResult,
+    TargetView,
+    check_drafter,
+)
 from specjax.models import decoder
 from specjax.models.cache import KVCache
 from specjax.models.config import ModelConfig
@@ -48,6 +56,7 @@ class DecodeState:
   accepted_hist: jax.Array  # int32[N+1]  rounds (of live rows) that accepted k draft nodes
   rng: jax.Array
   drafter_state: Any
+  finite: jax.Array  # bool[B]  the target's prefill logits were finite (False: NaN/inf weights)
 
   @property
   def pending(self) -> jax.Array:
@@ -128,7 +137,7 @@ def _prefill(spec: _Spec, params, drafter, prompts, prompt_lens, eos_ids, rng) -
       done=_is_eos(first, eos_ids) | (spec.max_new_tokens <= 1),
       calls=jnp.ones((b,), jnp.int32), rounds=jnp.zeros((), jnp.int32),
       accepted_hist=jnp.zeros((drafter.num_nodes + 1,), jnp.int32), rng=rng,
-      drafter_state=drafter_state)
+      drafter_state=drafter_state, finite=jnp.all(jnp.isfinite(last), axis=-1))
 
 
 def _draft_phase(spec: _Spec, params, drafter, s: DecodeState):
@@ -199,11 +208,48 @@ def _compiled(spec: _Spec, *args) -> tuple[jax.stages.Compiled, float]:
   return _COMPILED[key], time.perf_counter() - start
 
 
+SEED_LIMIT = 2**32  # jax.random.key reads a seed modulo 2**32: larger ones would alias
+
+
+def _is_single_prompt(prompts) -> bool:
+  if isinstance(prompts, str):
+    return True
+  if isinstance(prompts, (np.ndarray, jax.Array)):
+    return prompts.ndim == 1
+  return len(prompts) > 0 and checks.is_int(prompts[0])
+
+
+def _token_ids(target: Target, i: int, prompt) -> list[int]:
+  """Prompt i as token ids: text is encoded, ids must be ints (numpy ones included)."""
+  if isinstance(prompt, str):
+    return target.encode(prompt)
+  if isinstance(prompt, (bytes, bytearray)):
+    raise ValueError(f"prompt {i} is bytes: decode it to text (str) first, or pass token ids")
+  if isinstance(prompt, (np.ndarray, jax.Array)):
+    if prompt.ndim != 1 or not np.issubdtype(prompt.dtype, np.integer):
+      raise ValueError(f"prompt {i} must be a 1-D integer array of token ids, got dtype "
+                       f"{prompt.dtype} and shape {prompt.shape}")
+    return np.asarray(prompt).tolist()
+  if not isinstance(prompt, Sequence):
+    raise ValueError(f"prompt {i} must be a string or a sequence of int token ids, got "
+                     f"{prompt!r} ({type(prompt).__name__})")
+  for j, t in enumerate(prompt):
+    if not checks.is_int(t):
+      raise ValueError(f"prompt {i} token {j} is {t!r} ({type(t).__name__}): token ids must be "
+                       "ints")
+  return [int(t) for t in prompt]
+
+
 def _prepare_prompts(target: Target, prompts) -> list[list[int]]:
-  if isinstance(prompts, (str, bytes)) or (prompts and isinstance(prompts[0], int)):
+  if not isinstance(prompts, (Sequence, np.ndarray, jax.Array)):
+    raise ValueError(f"prompts must be a list of prompts (strings or token-id lists), got "
+                     f"{type(prompts).__name__}")
+  if isinstance(prompts, (bytes, bytearray)):
+    raise ValueError("prompts is bytes: decode it to text (str) and pass a list of prompts")
+  if _is_single_prompt(prompts):
     raise ValueError("prompts must be a list of prompts (strings or token-id lists), "
                      "not a single prompt")
-  ids = [target.encode(p) if isinstance(p, str) else [int(t) for t in p] for p in prompts]
+  ids = [_token_ids(target, i, p) for i, p in enumerate(prompts)]
   if not ids:
     raise ValueError("no prompts given")
   vocab = target.config.vocab_size
@@ -217,13 +263,20 @@ def _prepare_prompts(target: Target, prompts) -> list[list[int]]:
 
 
 def _eos_array(cfg: ModelConfig, eos_token_id) -> np.ndarray:
+  """eos_token_id: None (the config's), an int, or a sequence of ints ([]: no EOS stop)."""
   if eos_token_id is None:
     eos = list(cfg.eos_token_id)
-  elif isinstance(eos_token_id, int):
+  elif checks.is_int(eos_token_id):
     eos = [eos_token_id]
-  else:
+  elif isinstance(eos_token_id, (Sequence, np.ndarray)) and not isinstance(
+      eos_token_id, (str, bytes)):
     eos = list(eos_token_id)
+  else:
+    eos = [eos_token_id]
   for e in eos:
+    if not checks.is_int(e):
+      raise ValueError(f"eos_token_id must be an int, a sequence of ints, or None / [], got "
+                       f"{e!r} ({type(e).__name__})")
     if not 0 <= e < cfg.vocab_size:
       raise ValueError(f"eos_token_id {e} outside the vocabulary [0, {cfg.vocab_size})")
   return np.asarray(eos or [-1], np.int32)  # -1 never matches a token: no EOS stop
@@ -233,15 +286,20 @@ def _setup(target: Target, prompts, max_new_tokens: int, drafter, sampling: Samp
            seed: int, eos_token_id, pad_to: int | None) -> tuple[_Spec, tuple]:
   """Validates the inputs and builds the static spec and the array arguments of a program."""
   cfg = target.config
-  if max_new_tokens < 1:
-    raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+  max_new_tokens = checks.integer("max_new_tokens", max_new_tokens, lo=1)
+  seed = checks.integer("seed", seed)
+  if not 0 <= seed < SEED_LIMIT:
+    raise ValueError(f"seed must be an int in [0, 2**32), got {seed}")
+  check_drafter(drafter, cfg)
   ids = _prepare_prompts(target, prompts)
   longest = max(len(r) for r in ids)
   if longest + max_new_tokens > cfg.max_position_embeddings:
     raise ValueError(f"prompt length {longest} + max_new_tokens {max_new_tokens} exceeds the "
                      f"model's context of {cfg.max_position_embeddings} tokens")
-  if pad_to is not None and pad_to < longest:
-    raise ValueError(f"pad_to={pad_to} is shorter than the longest prompt ({longest})")
+  if pad_to is not None:
+    pad_to = checks.integer("pad_to", pad_to, lo=1)
+    if pad_to < longest:
+      raise ValueError(f"pad_to={pad_to} is shorter than the longest prompt ({longest})")
   p = pad_to or bucket_length(longest, cfg.max_position_embeddings)
   # Room for the last round's whole block. Nodes past the context only ever produce tokens past
   # max_new_tokens, which are cut: a tree never needs to shrink near the end of the context.
@@ -254,6 +312,15 @@ def _setup(target: Target, prompts, max_new_tokens: int, drafter, sampling: Samp
           jnp.asarray([len(r) for r in ids], jnp.int32),
           jnp.asarray(_eos_array(cfg, eos_token_id)), jax.random.key(seed))
   return spec, args
+
+
+def _check_finite(state: DecodeState) -> None:
+  """The prefill's logits are checked in the program (one reduction): NaN weights would
+  otherwise decode as token 0 without a word."""
+  bad = np.flatnonzero(~np.asarray(state.finite))
+  if bad.size:
+    raise ValueError(f"the target's logits are not finite (NaN/inf weights?) for prompt "
+                     f"{int(bad[0])}")
 
 
 def generate(target: Target, prompts: Sequence[str | Sequence[int]], *, max_new_tokens: int,
@@ -269,7 +336,9 @@ def generate(target: Target, prompts: Sequence[str | Sequence[int]], *, max_new_
   eos_token_id: ids that stop a row (default: the config's; [] disables). A row stops at its
   first EOS (kept in the output) or after exactly `max_new_tokens` tokens.
   pad_to: pad prompts to this many tokens instead of the next power-of-two bucket (one program
-  for a whole benchmark set).
+  for a whole benchmark set). seed: an int in [0, 2**32) (jax would alias larger ones).
+  Raises ValueError for a bad argument (before compiling), for a drafter built for another
+  target, and after the run when the target's logits are not finite.
   """
   drafter = NoDrafter() if drafter is None else drafter
   spec, args = _setup(target, prompts, max_new_tokens, drafter,
@@ -278,6 +347,7 @@ def generate(target: Target, prompts: Sequence[str | Sequence[int]], *, max_new_
   start = time.perf_counter()
   state = jax.block_until_ready(program(*args))
   wall = time.perf_counter() - start
+  _check_finite(state)
   tokens = _collect(state, np.asarray(args[4]), max_new_tokens)
   calls = np.asarray(state.calls)
   n_new = sum(len(t) for t in tokens)

@@ -9,26 +9,46 @@ Speculative acceptance rules (specjax.verify) consume `target_probs`, never raw 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
 
+from specjax import checks
+
+# Below this, logits / temperature overflows float32 (every finite logit becomes +-inf and the
+# softmax NaN): greedy (0) is the limit a smaller temperature would approach anyway.
+MIN_TEMPERATURE = 1e-4
+
 
 @dataclasses.dataclass(frozen=True)
 class SamplingConfig:
-  """temperature == 0 is greedy (argmax); top_k == 0 and top_p == 1.0 disable those filters."""
+  """temperature == 0 is greedy (argmax); top_k == 0 and top_p == 1.0 disable those filters.
+
+  Values are checked and normalised (float, int, float) at construction: the config is a static
+  jit argument, so a bad one would fail only inside the trace.
+  """
 
   temperature: float = 0.0
   top_k: int = 0
   top_p: float = 1.0
 
   def __post_init__(self):
-    if not self.temperature >= 0.0:  # also rejects NaN
-      raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-    if self.top_k < 0:
-      raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-    if not 0.0 < self.top_p <= 1.0:
-      raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+    t = checks.real("temperature", self.temperature)
+    if not t >= 0.0:  # also rejects NaN
+      raise ValueError(f"temperature must be >= 0 (0: greedy), got {t}")
+    if t == math.inf:
+      raise ValueError(f"temperature must be finite, got {t}")
+    if 0.0 < t < MIN_TEMPERATURE:
+      raise ValueError(f"temperature must be 0 (greedy) or >= {MIN_TEMPERATURE} (smaller ones "
+                       f"overflow the logits' division), got {t}")
+    top_k = checks.integer("top_k", self.top_k, lo=0)
+    top_p = checks.real("top_p", self.top_p)
+    if not 0.0 < top_p <= 1.0:
+      raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    object.__setattr__(self, "temperature", t)
+    object.__setattr__(self, "top_k", top_k)
+    object.__setattr__(self, "top_p", top_p)
 
   @property
   def greedy(self) -> bool:

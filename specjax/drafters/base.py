@@ -19,15 +19,22 @@ Static attributes every drafter defines:
                  deterministically (recursive rejection needs only the target's p);
   hidden_layers: target hidden-state indices the drafter reads in `update` (0 = embeddings,
                  i = output of layer i, L = final normed state).
+
+Optional (a drafter without it still runs): `built_for`, the `TargetFacts` of the target it was
+built for; `generate` refuses another target. Every shipped drafter records it at build time: a
+drafter sized for one target would otherwise run on another and fail deep inside the trace (or
+not at all, proposing ids of another vocabulary).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Protocol
 
 import jax
 from flax import nnx, struct
 
+from specjax import checks
 from specjax.models.cache import KVCache
 from specjax.models.config import ModelConfig
 from specjax.sampling import SamplingConfig
@@ -93,6 +100,50 @@ class Drafter(Protocol):
 
   def update(self, target: TargetView, state: Any, result: RoundResult) -> Any:
     ...
+
+
+@dataclasses.dataclass(frozen=True)
+class TargetFacts:
+  """What of a target a drafter's shapes depend on (hashable: a static field of its pytree)."""
+
+  vocab_size: int
+  hidden_size: int
+  num_layers: int
+
+  @classmethod
+  def of(cls, config: ModelConfig) -> TargetFacts:
+    return cls(config.vocab_size, config.hidden_size, config.num_layers)
+
+  def check(self, config: ModelConfig) -> None:
+    """Raises ValueError naming the first fact in which `config` differs."""
+    for f in dataclasses.fields(self):
+      built, have = getattr(self, f.name), getattr(config, f.name)
+      if built != have:
+        raise ValueError(f"this drafter was built for another target ({f.name} {built}, this "
+                         f"target has {have}): build one for this target with "
+                         "specjax.drafters.build(name, target)")
+
+
+_PROTOCOL = ("num_nodes", "hidden_layers", "init", "draft", "update")
+
+
+def check_drafter(drafter: Any, config: ModelConfig) -> None:
+  """Raises ValueError unless `drafter` follows the protocol and fits a target of `config`."""
+  if isinstance(drafter, str):
+    raise ValueError(f"drafter must be a drafter object, not the name {drafter!r}: pass "
+                     f"specjax.drafters.build({drafter!r}, target)")
+  missing = [a for a in _PROTOCOL if not hasattr(drafter, a)]
+  if missing:
+    raise ValueError(f"drafter must follow the Drafter protocol ({', '.join(_PROTOCOL)}): "
+                     f"{type(drafter).__name__} has no {', '.join(missing)}")
+  built_for = getattr(drafter, "built_for", None)
+  if built_for is not None:
+    built_for.check(config)
+  checks.integer("drafter.num_nodes", drafter.num_nodes, lo=0)
+  for i in drafter.hidden_layers:
+    if not checks.is_int(i) or not 0 <= i <= config.num_layers:
+      raise ValueError(f"drafter.hidden_layers holds {i!r}: hidden-state indices of this target "
+                       f"are ints in [0, {config.num_layers}]")
 
 
 class Stateless:

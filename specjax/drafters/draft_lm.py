@@ -16,8 +16,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
-from specjax import assets, trees
-from specjax.drafters.base import DraftContext, Prefill, RoundResult, TargetView
+from specjax import assets, checks, trees
+from specjax.drafters.base import DraftContext, Prefill, RoundResult, TargetFacts, TargetView
 from specjax.drafters.registry import register
 from specjax.interop.tokenizer import tokenizer_fingerprint
 from specjax.models import decoder
@@ -38,6 +38,7 @@ class DraftLM:
   config: ModelConfig = struct.field(pytree_node=False)
   num_tokens: int = struct.field(pytree_node=False, default=4)
   hidden_layers: tuple[int, ...] = struct.field(pytree_node=False, default=())
+  built_for: TargetFacts | None = struct.field(pytree_node=False, default=None)
 
   @property
   def num_nodes(self) -> int:
@@ -117,10 +118,16 @@ def _usable(target) -> bool:
           description="an independent small LM with the same tokenizer (classic SpS)")
 def build(target, *, path: str | None = None, num_tokens: int = 4, draft=None) -> DraftLM:
   """path: an HF folder of the draft LM (default: the shipped one); or pass a loaded `draft`."""
+  num_tokens = checks.integer("draft_lm num_tokens", num_tokens, lo=1,
+                              hi=target.config.max_position_embeddings)
   if draft is None:
+    if path is not None and not isinstance(path, (str, os.PathLike)):
+      raise ValueError(f"draft_lm path must be a folder name (str or os.PathLike), got {path!r}")
     from specjax.interop.hf import load_target
     draft = load_target(path or assets.DRAFT_LM_DIR, dtype=target.config.dtype)
+  elif not (hasattr(draft, "config") and hasattr(draft, "params")):
+    raise ValueError(f"draft_lm draft must be a loaded specjax.Target, got "
+                     f"{type(draft).__name__}")
   check_compatible(draft, target)
-  if num_tokens < 1:
-    raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
-  return DraftLM(draft.params, draft.config, num_tokens)
+  return DraftLM(draft.params, draft.config, num_tokens,
+                 built_for=TargetFacts.of(target.config))

@@ -35,9 +35,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
-from specjax import trees
+from specjax import checks, trees
 from specjax.drafters import learned
-from specjax.drafters.base import DraftContext, Prefill, RoundResult, TargetView
+from specjax.drafters.base import DraftContext, Prefill, RoundResult, TargetFacts, TargetView
 from specjax.models import attention, decoder, layers
 from specjax.models.cache import KVCache
 from specjax.models.config import ModelConfig
@@ -232,15 +232,22 @@ class EagleDrafter(learned.LearnedDrafter):
                       jnp.where(live, acc.n_accepted + 1, state.n_new))
 
 
-def check_tree_options(depth: int, top_k: int, total_tokens: int, vocab: int) -> None:
+def check_tree_options(depth: int, top_k: int, total_tokens: int, vocab: int
+                       ) -> tuple[int, int, int]:
+  """The tree options as ints (numpy ints pass; floats, bools and strings do not)."""
+  depth = checks.integer("depth", depth)
+  top_k = checks.integer("top_k", top_k)
+  total_tokens = checks.integer("total_tokens", total_tokens)
   if depth < 1 or top_k < 1:
     raise ValueError(f"depth and top_k must be >= 1, got depth={depth}, top_k={top_k}")
   if top_k > vocab:
-    raise ValueError(f"top_k {top_k} exceeds the draft vocabulary ({vocab})")
+    raise ValueError(f"top_k {top_k} exceeds the draft vocabulary ({vocab}): top_k must be in "
+                     f"[1, {vocab}]")
   most = top_k + (depth - 1) * top_k * top_k
   if not 1 <= total_tokens <= most:
     raise ValueError(f"total_tokens must be in [1, {most}] for depth {depth} and top_k "
                      f"{top_k}, got {total_tokens}")
+  return depth, top_k, total_tokens
 
 
 # Chains (top_k 1) first: where each verified node costs a visible fraction of a target step,
@@ -259,14 +266,14 @@ class EagleFamily(learned.Family):
     """Tree options `depth`, `top_k`, `total_tokens` (EAGLE-2's dynamic tree) and
     `recent_tokens` (`LearnedDrafter.recent_vocab`); families that draft through the target's
     LM head get it restricted to the draft vocabulary."""
-    depth, top_k, total_tokens = int(depth), int(top_k), int(total_tokens)
-    check_tree_options(depth, top_k, total_tokens, d2t.shape[0])
+    depth, top_k, total_tokens = check_tree_options(depth, top_k, total_tokens, d2t.shape[0])
+    recent_tokens = learned.check_recent_tokens(recent_tokens, target.config)
     head = learned.restricted_head(target.config, target.params, d2t).astype(
         net.dtype) if self.uses_target_head else None
-    return EagleDrafter(params=params, d2t=d2t, head=head,
-                        recent_tokens=learned.check_recent_tokens(recent_tokens),
-                        module=self.module, net=net, depth=depth, top_k=top_k,
-                        total_tokens=total_tokens, hidden_layers=hidden_layers)
+    return EagleDrafter(params=params, d2t=d2t, head=head, recent_tokens=recent_tokens,
+                        built_for=TargetFacts.of(target.config), module=self.module, net=net,
+                        depth=depth, top_k=top_k, total_tokens=total_tokens,
+                        hidden_layers=hidden_layers)
 
   def tree_options(self, spec: str) -> dict:
     """'d': a chain of d nodes; 'd x k x n' (e.g. '7x3x16'): depth d, top_k k, n nodes."""

@@ -15,8 +15,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specjax import trees
-from specjax.drafters.base import DraftContext, Stateless, TargetView
+from specjax import checks, trees
+from specjax.drafters.base import DraftContext, Stateless, TargetFacts, TargetView
 from specjax.drafters.registry import register
 from specjax.models import decoder
 from specjax.sampling import draft_sample
@@ -27,6 +27,7 @@ class LayerSkip(Stateless):
   num_layers: int = struct.field(pytree_node=False)  # m: layers the drafter runs
   num_tokens: int = struct.field(pytree_node=False, default=4)  # chain length
   hidden_layers: tuple[int, ...] = struct.field(pytree_node=False, default=())
+  built_for: TargetFacts | None = struct.field(pytree_node=False, default=None)
 
   @property
   def num_nodes(self) -> int:
@@ -66,9 +67,8 @@ def build(target, *, num_layers: int | None = None, num_tokens: int = 3) -> Laye
   total = target.config.num_layers
   if total < 2:
     raise ValueError(f"layer_skip needs a target with at least 2 layers, this one has {total}")
-  m = num_layers if num_layers is not None else max(1, total // 2)
-  if not 1 <= m < total:
-    raise ValueError(f"layer_skip num_layers must be in [1, {total - 1}], got {m}")
-  if num_tokens < 1:
-    raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
-  return LayerSkip(m, num_tokens)
+  m = max(1, total // 2) if num_layers is None else num_layers
+  m = checks.integer("layer_skip num_layers", m, lo=1, hi=total - 1)
+  num_tokens = checks.integer("layer_skip num_tokens", num_tokens, lo=1,
+                              hi=target.config.max_position_embeddings)
+  return LayerSkip(m, num_tokens, built_for=TargetFacts.of(target.config))

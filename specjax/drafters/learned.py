@@ -27,6 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
+from specjax import checks
+from specjax.drafters.base import TargetFacts
 from specjax.models import decoder
 from specjax.models.config import ModelConfig
 
@@ -133,9 +135,17 @@ class RecentVocab:
   live: jax.Array  # bool[B, R] false: already in the draft vocabulary, a repeat, or before the text
 
 
-def check_recent_tokens(recent_tokens: int) -> int:
-  if int(recent_tokens) < 0:
+def check_recent_tokens(recent_tokens: int, target_cfg: ModelConfig | None = None) -> int:
+  """An int >= 0 (and, given the target's config, at most its context: the history is no
+  longer)."""
+  if not checks.is_int(recent_tokens):
+    raise ValueError(f"recent_tokens must be an int >= 0, got {recent_tokens!r} "
+                     f"({type(recent_tokens).__name__})")
+  if recent_tokens < 0:
     raise ValueError(f"recent_tokens must be >= 0, got {recent_tokens}")
+  if target_cfg is not None and recent_tokens > target_cfg.max_position_embeddings:
+    raise ValueError(f"recent_tokens must be in [0, {target_cfg.max_position_embeddings}] (the "
+                     f"target's context), got {recent_tokens}")
   return int(recent_tokens)
 
 
@@ -146,13 +156,15 @@ class LearnedDrafter:
   params: the trained network (an nnx.State); d2t: int32[Vd] target id of each draft id;
   head: [E, Vd] the frozen target LM head restricted to d2t (families with their own head keep
   it in params and leave this None); recent_tokens: how many of the history's last tokens join
-  the draft vocabulary each round (`recent_vocab`; 0: none).
+  the draft vocabulary each round (`recent_vocab`; 0: none); built_for: the target it was
+  assembled for (`base.TargetFacts`), which `generate` checks.
   """
 
   params: nnx.State
   d2t: jax.Array
   head: jax.Array | None
   recent_tokens: int = struct.field(pytree_node=False, default=0)
+  built_for: TargetFacts | None = struct.field(pytree_node=False, default=None)
 
   @property
   def head_dtype(self):

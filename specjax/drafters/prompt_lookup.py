@@ -14,7 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from specjax.drafters.base import DraftContext, Stateless, TargetView
+from specjax import checks
+from specjax.drafters.base import DraftContext, Stateless, TargetFacts, TargetView
 from specjax.drafters.registry import register
 from specjax.trees import Tree
 
@@ -46,6 +47,7 @@ class PromptLookup(Stateless):
   max_ngram: int = struct.field(pytree_node=False, default=3)
   min_ngram: int = struct.field(pytree_node=False, default=1)
   hidden_layers: tuple[int, ...] = struct.field(pytree_node=False, default=())
+  built_for: TargetFacts | None = struct.field(pytree_node=False, default=None)
 
   @property
   def num_nodes(self) -> int:
@@ -85,8 +87,15 @@ class PromptLookup(Stateless):
 @register("prompt_lookup", description="n-gram match in prompt + output (model-free)")
 def build(target, *, num_tokens: int = 3, num_branches: int = 1, max_ngram: int = 3,
           min_ngram: int = 1) -> PromptLookup:
-  if not 1 <= min_ngram <= max_ngram:
+  """Options are ints; the tree (num_tokens * num_branches nodes) and the n-grams fit the
+  target's context. Model-free: `target` may be None (no context bound, no target recorded)."""
+  context = None if target is None else target.config.max_position_embeddings
+  num_tokens = checks.integer("prompt_lookup num_tokens", num_tokens, lo=1, hi=context)
+  num_branches = checks.integer("prompt_lookup num_branches", num_branches, lo=1,
+                                hi=None if context is None else context // num_tokens)
+  max_ngram = checks.integer("prompt_lookup max_ngram", max_ngram, lo=1, hi=context)
+  min_ngram = checks.integer("prompt_lookup min_ngram", min_ngram, lo=1, hi=context)
+  if min_ngram > max_ngram:
     raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
-  if num_tokens < 1 or num_branches < 1:
-    raise ValueError("num_tokens and num_branches must be >= 1")
-  return PromptLookup(num_tokens, num_branches, max_ngram, min_ngram)
+  return PromptLookup(num_tokens, num_branches, max_ngram, min_ngram,
+                      built_for=None if target is None else TargetFacts.of(target.config))

@@ -16,9 +16,9 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specjax import trees
+from specjax import checks, trees
 from specjax.drafters import learned
-from specjax.drafters.base import Prefill, RoundResult, TargetView
+from specjax.drafters.base import Prefill, RoundResult, TargetFacts, TargetView
 
 # Named trees for 4 heads ("choices"): wide where the heads are sure, deep along rank 0. Which is
 # fastest depends on how much a node costs to verify (experiments/tune_tree.py measures it).
@@ -80,13 +80,24 @@ class StaticTreeDrafter(learned.LearnedDrafter):
 
 
 def parse_choices(choices):
-  """Tree paths from a name in TREES, a tuple of paths, or their JSON text (a --set override)."""
+  """Tree paths from a name in TREES, a tuple of paths, or their JSON text (a --set override);
+  None stays None (the default tree). Anything else, an empty tree included, is refused: an
+  empty list must not silently become the default."""
   if choices is None:
     return None
+  what = (f"choices must be a tree name ({', '.join(sorted(TREES))}), a non-empty list of "
+          f"rank paths (lists of ints >= 0), or its JSON text, got {choices!r}")
   if isinstance(choices, str):
     if choices in TREES:
       return TREES[choices]
-    choices = json.loads(choices)
+    try:
+      choices = json.loads(choices)
+    except json.JSONDecodeError:
+      raise ValueError(what) from None
+  if not isinstance(choices, (list, tuple)) or not choices or not all(
+      isinstance(p, (list, tuple)) and p and all(checks.is_int(r) and r >= 0 for r in p)
+      for p in choices):
+    raise ValueError(what)
   return tuple(tuple(int(r) for r in path) for path in choices)
 
 
@@ -113,11 +124,13 @@ class StaticTreeFamily(learned.Family):
     """Tree options: `choices` (a name in TREES, rank paths, or their JSON text; default
     tree15) and `recent_tokens` (`LearnedDrafter.recent_vocab`). The heads draft through the
     target's LM head restricted to the draft vocabulary."""
-    template = trees.TreeTemplate.from_paths(parse_choices(choices) or DEFAULT_CHOICES)
+    paths = parse_choices(choices)
+    template = trees.TreeTemplate.from_paths(DEFAULT_CHOICES if paths is None else paths)
     check_template(template, net.num_heads, d2t.shape[0])
+    recent_tokens = learned.check_recent_tokens(recent_tokens, target.config)
     head = learned.restricted_head(target.config, target.params, d2t).astype(net.dtype)
-    return self.drafter_cls(params=params, d2t=d2t, head=head,
-                            recent_tokens=learned.check_recent_tokens(recent_tokens), net=net,
+    return self.drafter_cls(params=params, d2t=d2t, head=head, recent_tokens=recent_tokens,
+                            built_for=TargetFacts.of(target.config), net=net,
                             template=template, hidden_layers=hidden_layers)
 
   def tree_options(self, spec: str) -> dict:

@@ -18,7 +18,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specjax.drafters.base import DraftContext, Prefill, RoundResult, TargetView
+from specjax import checks
+from specjax.drafters.base import DraftContext, Prefill, RoundResult, TargetFacts, TargetView
 from specjax.drafters.registry import register
 from specjax.models import decoder
 from specjax.trees import TreeTemplate
@@ -35,6 +36,7 @@ class TokenRecycling:
   table: jax.Array  # int32[V, k] initial adjacency table (all zeros = no knowledge)
   target_layers: int = struct.field(pytree_node=False)  # L: init reads the final normed states
   paths: tuple[tuple[int, ...], ...] = struct.field(pytree_node=False, default=DEFAULT_PATHS)
+  built_for: TargetFacts | None = struct.field(pytree_node=False, default=None)
 
   @property
   def template(self) -> TreeTemplate:
@@ -84,10 +86,24 @@ class TokenRecycling:
 
 @register("token_recycling", description="adjacency table of the target's top-k (model-free)")
 def build(target, *, paths=DEFAULT_PATHS, k: int | None = None) -> TokenRecycling:
+  """paths: the template's rank paths (non-empty); k: candidates kept per token, in [largest
+  rank + 1, vocab_size] (default the least that fills the template). The table is V x k ints,
+  allocated here: both are checked first."""
+  if isinstance(paths, (str, bytes)) or not all(isinstance(p, (list, tuple)) for p in paths):
+    raise ValueError(f"token_recycling paths must be a sequence of rank paths (tuples of ints), "
+                     f"got {paths!r}")
   paths = tuple(tuple(p) for p in paths)
+  if not paths:
+    raise ValueError("token_recycling paths must hold at least one rank path")
   template = TreeTemplate.from_paths(paths)
-  k = k or int(max(template.rank)) + 1
-  if k <= max(template.rank):
-    raise ValueError(f"k={k} is smaller than the template's largest rank + 1")
-  return TokenRecycling(jnp.zeros((target.config.vocab_size, k), jnp.int32),
-                        target.config.num_layers, paths)
+  vocab = target.config.vocab_size
+  need = int(max(template.rank)) + 1
+  k = need if k is None else checks.integer("token_recycling k", k)
+  if k < need:
+    raise ValueError(f"k={k} is smaller than the template's largest rank + 1: token_recycling k "
+                     f"must be in [{need}, {vocab}]")
+  if k > vocab:
+    raise ValueError(f"k={k} exceeds the vocabulary: token_recycling k must be in [{need}, "
+                     f"{vocab}]")
+  return TokenRecycling(jnp.zeros((vocab, k), jnp.int32), target.config.num_layers, paths,
+                        built_for=TargetFacts.of(target.config))

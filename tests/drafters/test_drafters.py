@@ -430,7 +430,7 @@ def test_draft_lm_check_compatible(target):
   draft_lm.check_compatible(small.replace(tokenizer=_word_tokenizer(words)),
                             target.replace(tokenizer=tok_a))
   draft_lm.check_compatible(small, target.replace(tokenizer=tok_a))
-  with pytest.raises(ValueError, match="num_tokens must be >= 1"):
+  with pytest.raises(ValueError, match=r"draft_lm num_tokens must be in \[1, 256\], got 0"):
     draft_lm.build(target, draft=small, num_tokens=0)
 
 
@@ -482,9 +482,9 @@ def test_registry_build_rejects_unusable_or_unknown(target, name, target_kind, m
 
 @pytest.mark.parametrize("name,options,message", [
     ("layer_skip", dict(num_layers=2), r"num_layers must be in \[1, 1\]"),
-    ("layer_skip", dict(num_tokens=0), r"num_tokens must be >= 1"),
+    ("layer_skip", dict(num_tokens=0), r"layer_skip num_tokens must be in \[1, 256\], got 0"),
     ("prompt_lookup", dict(min_ngram=3, max_ngram=2), r"min_ngram <= max_ngram"),
-    ("prompt_lookup", dict(num_branches=0), r"num_branches must be >= 1"),
+    ("prompt_lookup", dict(num_branches=0), r"num_branches must be in \[1, 85\], got 0"),
     ("token_recycling", dict(k=1), r"k=1 is smaller than the template's largest rank"),
 ])
 def test_registry_build_rejects_bad_options(target, name, options, message):
