@@ -6,7 +6,8 @@ Same tokenizer as the target (read from the target's training run, or from the s
 Qwen3 architecture at about a tenth of the target's parameters (most of them the 8192 x 64
 embedding), 400 steps x 8192 tokens with the same curriculum as the target: at this size the
 softmax over the vocabulary, not the model, dominates the cost of a step. Exports to
-specjax/assets/draft_lm; its metadata.json records the held-out loss and the wall time.
+runs/draft_lm_stdlib/export (the shipped one: `--set export_dir=specjax/assets/draft_lm`); its
+metadata.json records the held-out loss and the wall time.
 """
 
 import os
@@ -35,5 +36,4 @@ def get_config():
       data=DataConfig(tokenizer_path=_target_tokenizer()),
       seq_len=256, batch_size=32, long_steps=50, long_seq_len=1024, seed=0,
       log_every=10, eval_every=250, save_every=50,
-      workdir="runs/draft_lm_stdlib", export_dir="specjax/assets/draft_lm",
-      export_dtype="float32")
+      workdir="runs/draft_lm_stdlib", export_dtype="float32")

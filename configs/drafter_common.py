@@ -1,4 +1,8 @@
-"""The recipe the four shipped drafters share (one place, so they are trained alike)."""
+"""The recipe the four shipped drafters share (one place, so they are trained alike).
+
+Each exports to its workdir, runs/<method>_stdlib/export: a smoke run never replaces a shipped
+drafter. The shipped folders were made with `--set export_dir=specjax/assets/<method>`.
+"""
 
 from specjax.train.drafter import DrafterTrainConfig
 from specjax.train.optim import OptimConfig
@@ -19,5 +23,4 @@ def drafter_config(method: str, *, train_steps: int, learning_rate: float,
       draft_vocab_size=2048, num_heads=4, train_steps=train_steps, step_decay=0.8,
       eval_depth=eval_depth,
       seq_len=256, batch_size=16, seed=0, log_every=10, eval_every=200, save_every=50,
-      eval_rows=64, workdir=f"runs/{method}_stdlib", export_dir=f"specjax/assets/{method}",
-      export_dtype="bfloat16")
+      eval_rows=64, workdir=f"runs/{method}_stdlib", export_dtype="bfloat16")

@@ -3,7 +3,7 @@
   python -m experiments.train_drafter --config configs/eagle3_stdlib.py
 
 Self-distilled data (the target's greedy continuations of stdlib prompts), 2048-token draft
-vocabulary, own draft head initialised from the target's. Exports to specjax/assets/eagle3.
+vocabulary, own draft head initialised from the target's. Exports to runs/eagle3_stdlib/export.
 1800 steps over 8192 rows, EAGLE's recipe; a step runs the layer 4 times (the unroll), so it
 costs several EAGLE steps. The export's metadata.json records held-out agreement and wall time.
 """

@@ -2,7 +2,7 @@
 
   python -m experiments.train_drafter --config configs/eagle_stdlib.py
 
-Exports to specjax/assets/eagle; decoding uses EAGLE-2's dynamic tree. 3600 steps over 32768
+Exports to runs/eagle_stdlib/export; decoding uses EAGLE-2's dynamic tree. 3600 steps over 32768
 self-distilled rows, since held-out agreement kept rising with the budget (README, "The shipped
 drafters"). The rows are generated once and cached in runs/self_distill, shared with other runs;
 the export's metadata.json records held-out agreement and the wall time of data and training.

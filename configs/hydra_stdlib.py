@@ -2,7 +2,7 @@
 
   python -m experiments.train_drafter --config configs/hydra_stdlib.py
 
-Exports to specjax/assets/hydra.
+Exports to runs/hydra_stdlib/export.
 """
 
 from configs.drafter_common import drafter_config

@@ -2,7 +2,7 @@
 
   python -m experiments.train_drafter --config configs/medusa_stdlib.py
 
-Exports to specjax/assets/medusa.
+Exports to runs/medusa_stdlib/export.
 """
 
 from configs.drafter_common import drafter_config

@@ -5,8 +5,10 @@
 GQA 8/2 heads, q/k-norm, tied embeddings, context 2048; 1300 steps x 8192 tokens: 1150 steps
 of 32 x 256-token rows, then 150 steps of 8 x 1024-token rows so the model learns its long
 context. Resumes from its last checkpoint when interrupted; exports (bfloat16 weights) to
-specjax/assets/target, whose metadata.json records the held-out loss beside the unigram baseline
-and the wall time.
+runs/target_stdlib/export, whose metadata.json records the held-out loss beside the unigram
+baseline and the wall time. The shipped target was made with `--set
+export_dir=specjax/assets/target`: every shipped drafter was trained against it, so replacing it
+(a smoke run's 2-layer target, say) breaks them.
 """
 
 from specjax.models.config import ModelConfig
@@ -28,4 +30,4 @@ def get_config() -> LMTrainConfig:
                         final_lr_ratio=0.1, weight_decay=0.1, clip_norm=1.0),
       seq_len=256, batch_size=32, long_steps=150, long_seq_len=1024, seed=0,
       log_every=10, eval_every=250, save_every=50,
-      workdir="runs/target_stdlib", export_dir="specjax/assets/target", export_dtype="bfloat16")
+      workdir="runs/target_stdlib", export_dtype="bfloat16")

@@ -7,7 +7,10 @@ Writes DIR/results.json (one record per method and dataset), DIR/results.md and 
 
 from __future__ import annotations
 
-from specjax import cli
+import json
+import os
+
+from specjax import cli, provenance
 from specjax.benchmark import markdown, run
 
 
@@ -17,8 +20,10 @@ def main(argv=None):
   args = parser.parse_args(argv)
   cfg = cli.load_from_args(args, [f"out={args.out}"] if args.out else [])
   records = run(cfg)
+  with open(os.path.join(cfg.out, "results.json")) as f:
+    line = provenance.header(json.load(f)["provenance"])
   print()
-  print(markdown(records, cfg))
+  print(markdown(records, cfg, line))
   bad = [f"{r['method']}/{r['dataset']}" for r in records
          if cfg.temperature == 0 and not r["matches_autoregressive"]]
   if bad:

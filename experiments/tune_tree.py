@@ -1,32 +1,41 @@
 """Choose a learned drafter's tree on held-out prompts: speed of each tree shape beside AR.
 
   python -m experiments.tune_tree --method eagle3
-  python -m experiments.tune_tree --method medusa --save     # record the best as its default
+  python -m experiments.tune_tree --method eagle3 --path runs/eagle3_stdlib/export --save
+  python -m experiments.tune_tree --method medusa --path specjax/assets/medusa --save  # shipped
 
 Trees trade acceptance (tau) for verification cost, which depends on the hardware: on a 2-core
 CPU a small target's verify step grows with every node, on an accelerator it barely does. The
 sweep runs on held-out stdlib files (never the HumanEval prompts the main table reports), and
 --save writes the fastest option set into the drafter folder's config.json ("tree"), which
-`load_drafter` uses unless told otherwise. The candidates are the family's own grid
-(`Family.tune_grid`) unless --candidates names others.
+`load_drafter` uses unless told otherwise, and the sweep with its provenance into the folder's
+tune_tree.json. --save needs an explicit --path: the shipped folders change only when named. The
+candidates are the family's own grid (`Family.tune_grid`) unless --candidates names others.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 
+from specjax import cli, provenance
 from specjax.benchmark import BenchmarkConfig, sweep_trees
-from specjax.drafters import io, registry
+from specjax.drafters import registry
 
 # The history's recent tokens join the draft vocabulary each round at almost no cost
 # (`recent_tokens`): every candidate gets them.
 RECENT_TOKENS = 64
+RESULTS = "tune_tree.json"
 
 
 def default_candidates(method: str) -> list[dict]:
   """The family's own grid (`Family.tune_grid`), each with RECENT_TOKENS recent tokens."""
   return [dict(c, recent_tokens=RECENT_TOKENS) for c in registry.family(method).tune_grid()]
+
+
+def _ms(r: dict, name: str) -> str:
+  return f"{r[f'{name}_ms']:.2f}" + (" ?" if name in r["unreliable_figures"] else "")
 
 
 def main(argv=None):
@@ -37,9 +46,15 @@ def main(argv=None):
   parser.add_argument("--candidates", default=None,
                       help="JSON list of option dicts (default: a grid for the family)")
   parser.add_argument("--save", action="store_true",
-                      help="write the fastest options into the drafter folder as its default")
-  parser.add_argument("--path", default=None, help="drafter folder (default: the shipped one)")
+                      help="write the fastest options into the --path folder as its default")
+  parser.add_argument("--path", default=None,
+                      help="drafter folder (default: the shipped one; --save needs it named)")
+  parser.add_argument("--out", default=None, help="also write the sweep as JSON to this file")
   args = parser.parse_args(argv)
+  if args.save and not args.path:
+    cli.fail("--save writes into a drafter folder: name it with --path (e.g. --path "
+             f"runs/{args.method}_stdlib/export, or --path specjax/assets/{args.method} to "
+             "change the shipped default)")
   candidates = json.loads(args.candidates) if args.candidates else default_candidates(
       args.method)
   if args.path:
@@ -47,19 +62,30 @@ def main(argv=None):
   cfg = BenchmarkConfig(datasets=("stdlib_heldout",), num_prompts=args.num_prompts,
                         max_new_tokens=args.max_new_tokens, profile_repeats=5)
   records = sweep_trees(args.method, candidates, cfg)
+  block = provenance.collect(dict(vars(args), benchmark=cfg))
+  print(f"Measured with {provenance.header(block)}")
   print("| options | nodes | tau | speedup | draft ms | verify ms | ideal |")
   print("|---|---|---|---|---|---|---|")
   for r in records[1:]:
+    ideal = "n/a" if r["ideal_speedup"] is None else f"{r['ideal_speedup']:.2f}x"
     print(f"| {json.dumps({k: v for k, v in r['options'].items() if k != 'path'})} | "
-          f"{r['draft_nodes']} | {r['tau']:.2f} | {r['speedup']:.2f}x | {r['t_draft_ms']:.2f} | "
-          f"{r['t_verify_ms']:.2f} | {r['ideal_speedup']:.2f}x |")
+          f"{r['draft_nodes']} | {r['tau']:.2f} | {r['speedup']:.2f}x | {_ms(r, 't_draft')} | "
+          f"{_ms(r, 't_verify')} | {ideal}{' ?' * r['unreliable']} |")
+  print("`?`: an unreliable timing (not positive, or spread across trials too wide)")
   best = max(records[1:], key=lambda r: r["speedup"])
   print(f"fastest: {best['options']} ({best['speedup']:.2f}x, tau {best['tau']:.2f})")
+  summary = {"provenance": block, "method": args.method,
+             "best": {k: v for k, v in best["options"].items() if k != "path"},
+             "records": [{k: v for k, v in r.items() if k != "outputs"} for r in records]}
+  outs = ([args.out] if args.out else []) + (
+      [os.path.join(args.path, RESULTS)] if args.save else [])
+  for out in outs:
+    with open(out, "w") as f:
+      json.dump(summary, f, indent=1, allow_nan=False)
   if args.save:
-    options = {k: v for k, v in best["options"].items() if k != "path"}
-    folder = args.path or io.asset_dir(args.method)
-    io.set_default_tree(folder, **options)
-    print(f"saved as the default tree of {folder}")
+    from specjax.drafters import io
+    io.set_default_tree(args.path, **summary["best"])
+    print(f"saved as the default tree of {args.path} (sweep in {RESULTS})")
 
 
 if __name__ == "__main__":

@@ -22,12 +22,17 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from specjax import assets, config_utils, drafters, metrics
+from specjax import assets, config_utils, drafters, metrics, provenance
 from specjax.decoding import generate, profile_phases
 from specjax.interop.hf import load_target
 from specjax.target import Target
 
 AR = "autoregressive"
+PHASES = ("t_prefill", "t_draft", "t_verify")
+# A phase timing whose spread across trials (max - min of the per-trial estimates) exceeds this
+# fraction of its estimate is marked unreliable, as is one that is not positive: on a shared
+# machine a difference of two noisy loop timings can come out at or below zero.
+MAX_RELATIVE_SPREAD = 0.5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,47 +123,102 @@ def run_methods(target: Target, runs: Sequence[tuple[str, dict[str, Any] | None]
         "method": method, "tau": metrics.tau(a["tokens"], a["calls"]),
         "tokens_per_second": a["tokens"] / a["wall"], "target_calls": a["calls"],
         "new_tokens": a["tokens"], "wall_seconds": a["wall"], "acceptance_by_depth": alpha,
-        "t_prefill_ms": phases["t_prefill"] * 1e3, "t_draft_ms": phases["t_draft"] * 1e3,
-        "t_verify_ms": phases["t_verify"] * 1e3, "outputs": a["outputs"],
-        "draft_nodes": 0 if drafter is None else drafter.num_nodes})
+        **{f"{name}_ms": phases[name] * 1e3 for name in PHASES},
+        **{f"{name}_spread_ms": phases[f"{name}_spread"] * 1e3 for name in PHASES},
+        "outputs": a["outputs"], "draft_nodes": 0 if drafter is None else drafter.num_nodes})
   return records
 
 
+def unreliable_timings(r: dict[str, Any]) -> list[str]:
+  """The phase timings of a record that cannot be trusted: an estimate that is not positive, or
+  whose spread across trials exceeds MAX_RELATIVE_SPREAD of it. A method without a drafter has
+  no draft phase (t_draft is 0 by definition), so only its other phases are judged."""
+  bad = []
+  for name in PHASES:
+    if name == "t_draft" and not r["draft_nodes"]:
+      continue
+    est, spread = r[f"{name}_ms"], r[f"{name}_spread_ms"]
+    if est <= 0 or spread > MAX_RELATIVE_SPREAD * est:
+      bad.append(name)
+  return bad
+
+
+def _ratio(a: float, b: float) -> float | None:
+  """a / b, or None (JSON null) where a timing difference left b not positive."""
+  return a / b if b > 0 else None
+
+
 def _finish(records: list[dict[str, Any]]) -> None:
-  """Adds speedup, drafting share, ideal speedup and loop efficiency relative to AR."""
+  """Adds speedup, drafting share, ideal speedup and loop efficiency relative to AR, and which
+  figures are unreliable (`unreliable_figures`; `unreliable` when any is)."""
   ar = next(r for r in records if r["method"] == AR)
   t_ar = ar["t_verify_ms"]
+  ar_bad = [f"autoregressive {name}" for name in unreliable_timings(ar)]
   for r in records:
     r["speedup"] = r["tokens_per_second"] / ar["tokens_per_second"]
     round_ms = r["t_draft_ms"] + r["t_verify_ms"]
-    r["draft_share"] = r["t_draft_ms"] / round_ms
-    r["ideal_speedup"] = r["tau"] * t_ar / round_ms
+    r["draft_share"] = _ratio(r["t_draft_ms"], round_ms)
+    r["ideal_speedup"] = _ratio(r["tau"] * t_ar, round_ms)
     # End to end both pay a prefill (the first prompt's, timed alone) per prompt: AR then one
     # step per further token, the method its rounds. The loop is judged against this bound.
     n = len(r["outputs"])
     ar_ms = n * ar["t_prefill_ms"] + (ar["new_tokens"] - n) * t_ar
-    r["ideal_speedup_e2e"] = ar_ms / (n * r["t_prefill_ms"] + (r["target_calls"] - n) * round_ms)
-    r["loop_efficiency"] = r["speedup"] / r["ideal_speedup_e2e"]
+    r["ideal_speedup_e2e"] = _ratio(
+        ar_ms, n * r["t_prefill_ms"] + (r["target_calls"] - n) * round_ms)
+    r["loop_efficiency"] = _ratio(r["speedup"], r["ideal_speedup_e2e"] or 0.0)
     r["matches_autoregressive"] = r["outputs"] == ar["outputs"]
+    bad = unreliable_timings(r) + ([] if r is ar else ar_bad)
+    # Above 100% the measured run beat its own bound: the bound's timings were off.
+    if r["loop_efficiency"] is None or r["loop_efficiency"] > 1.0:
+      bad.append("loop_efficiency")
+    r["unreliable_figures"] = bad
+    r["unreliable"] = bool(bad)
 
 
-def markdown(records: list[dict[str, Any]], cfg: BenchmarkConfig) -> str:
-  lines = []
+def _cell(value: float | None, spec: str, unreliable: bool, spread: float | None = None,
+          unit: str = "") -> str:
+  """A table cell: the value (`n/a` when undefined), its spread, and `?` when unreliable."""
+  text = "n/a" if value is None else format(value, spec) + unit
+  if spread is not None:
+    text += f" ±{format(spread, spec)}"
+  return text + (" ?" if unreliable else "")
+
+
+def markdown(records: list[dict[str, Any]], cfg: BenchmarkConfig,
+             provenance_line: str | None = None) -> str:
+  """The results table per dataset. Timings show their spread across trials (±); a `?` marks a
+  figure that is unreliable (`unreliable_figures`) or rests on one that is."""
+  lines = [f"Measured with {provenance_line}", ""] if provenance_line else []
   for dataset in dict.fromkeys(r["dataset"] for r in records):
     lines += [f"### {dataset} (T={cfg.temperature}, {cfg.num_prompts} prompts x "
               f"{cfg.max_new_tokens} new tokens, batch 1)", "",
               "| method | tau | tokens/s | speedup | target calls | draft ms/round | "
               "verify ms/round | prefill ms | drafting share | ideal (decode) | "
-              "ideal (with prefill) | loop efficiency |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "ideal (with prefill) | loop efficiency | unreliable |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in records:
-      if r["dataset"] == dataset:
-        lines.append(f"| {r['method']} | {r['tau']:.2f} | {r['tokens_per_second']:.1f} | "
-                     f"{r['speedup']:.2f}x | {r['target_calls']} | {r['t_draft_ms']:.2f} | "
-                     f"{r['t_verify_ms']:.2f} | {r['t_prefill_ms']:.1f} | "
-                     f"{r['draft_share']:.0%} | {r['ideal_speedup']:.2f}x | "
-                     f"{r['ideal_speedup_e2e']:.2f}x | {r['loop_efficiency']:.0%} |")
+      if r["dataset"] != dataset:
+        continue
+      bad = set(r["unreliable_figures"])
+      own = {name: name in bad for name in PHASES}
+      ar_bad = {name: f"autoregressive {name}" in bad for name in PHASES}
+      decode = own["t_draft"] or own["t_verify"] or ar_bad["t_verify"]  # tau x t_AR / round
+      e2e = decode or own["t_prefill"] or ar_bad["t_prefill"]
+      lines.append(
+          f"| {r['method']} | {r['tau']:.2f} | {r['tokens_per_second']:.1f} | "
+          f"{r['speedup']:.2f}x | {r['target_calls']} | "
+          f"{_cell(r['t_draft_ms'], '.2f', own['t_draft'], r['t_draft_spread_ms'])} | "
+          f"{_cell(r['t_verify_ms'], '.2f', own['t_verify'], r['t_verify_spread_ms'])} | "
+          f"{_cell(r['t_prefill_ms'], '.1f', own['t_prefill'], r['t_prefill_spread_ms'])} | "
+          f"{_cell(r['draft_share'], '.0%', decode)} | "
+          f"{_cell(r['ideal_speedup'], '.2f', decode, unit='x')} | "
+          f"{_cell(r['ideal_speedup_e2e'], '.2f', e2e, unit='x')} | "
+          f"{_cell(r['loop_efficiency'], '.0%', e2e or 'loop_efficiency' in bad)} | "
+          f"{', '.join(r['unreliable_figures']) or '-'} |")
     lines.append("")
+  lines += [f"± is the spread (max - min) of a timing across trials; `?` marks a figure that is "
+            f"not positive, whose spread exceeds {MAX_RELATIVE_SPREAD:.0%} of it, that rests on "
+            f"such a timing, or a loop efficiency above 100%.", ""]
   return "\n".join(lines)
 
 
@@ -186,7 +246,8 @@ def plot(records: list[dict[str, Any]], out: str) -> list[str]:
     rows = [r for r in records if r["dataset"] == dataset]
     x = np.arange(len(rows))
     ax.bar(x - 0.2, [r["speedup"] for r in rows], 0.4, label="measured")
-    ax.bar(x + 0.2, [r["ideal_speedup"] for r in rows], 0.4, label="ideal (tau x t_AR / t_round)")
+    ax.bar(x + 0.2, [np.nan if r["ideal_speedup"] is None else r["ideal_speedup"]
+                      for r in rows], 0.4, label="ideal (tau x t_AR / t_round)")
     ax.axhline(1.0, color="k", lw=0.8)
     ax.set_xticks(x, [r["method"] for r in rows], rotation=30, ha="right")
     ax.set(title=f"speedup vs autoregressive: {dataset}", ylabel="x")
@@ -220,9 +281,12 @@ def run(cfg: BenchmarkConfig) -> list[dict[str, Any]]:
       _finish(group)
       records += group
   os.makedirs(cfg.out, exist_ok=True)
+  block = provenance.collect(cfg)
   with open(os.path.join(cfg.out, "results.json"), "w") as f:
-    json.dump({"config": config_utils.to_dict(cfg), "records": records}, f, indent=1)
-  table = markdown(records, cfg)
+    # allow_nan=False: the file stays valid JSON (undefined ratios are null, never NaN).
+    json.dump({"config": config_utils.to_dict(cfg), "provenance": block, "records": records}, f,
+              indent=1, allow_nan=False)
+  table = markdown(records, cfg, provenance.header(block))
   with open(os.path.join(cfg.out, "results.md"), "w") as f:
     f.write(table)
   plot(records, cfg.out)

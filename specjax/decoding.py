@@ -369,19 +369,23 @@ def generate(target: Target, prompts: Sequence[str | Sequence[int]], *, max_new_
 
 def profile_phases(target: Target, prompts, *, drafter: Drafter | None = None,
                    max_new_tokens: int = 64, repeats: int = 20, temperature: float = 0.0,
-                   top_k: int = 0, top_p: float = 1.0, pad_to: int | None = None
-                   ) -> dict[str, float]:
+                   top_k: int = 0, top_p: float = 1.0, pad_to: int | None = None,
+                   trials: int = 5) -> dict[str, float]:
   """Seconds per round of the verify phase and of the draft phase, and of the prefill (the
-  prompt's forward plus the drafter's `init`).
+  prompt's forward plus the drafter's `init`), each with its spread across trials.
 
   Rounds run `repeats` times inside one compiled `lax.while_loop`, as in `generate`, from the
   state right after the prompt's prefill, so per-call dispatch is not counted (t_verify of
   autoregressive decoding is its in-loop step). t_verify chains verify phases of one drafted tree
   through the state; t_draft is what a whole round (draft, then verify) costs beyond that, which
   keeps a drafter whose state a draft leaves unchanged from being hoisted out of the loop. Each
-  figure is the difference between 2 * repeats and repeats rounds (the fastest of five runs
-  each, the loops interleaved), which cancels the call's fixed cost. The ideal speedup of a
-  method is tau * t_AR_step / (t_draft + t_verify); a loop is efficient when it gets close to it.
+  figure is the difference between 2 * repeats and repeats rounds (the fastest of `trials` runs
+  each, the loops interleaved), which cancels the call's fixed cost; t_prefill is the fastest
+  trial's mean over `repeats` calls. `<name>_spread` is the range (max - min) of the per-trial
+  estimates. Nothing is clamped: a difference of noisy timings can come out negative, and a
+  caller judging the figures needs to see that (`specjax.benchmark` marks such cells). The ideal
+  speedup of a method is tau * t_AR_step / (t_draft + t_verify); a loop is efficient when it gets
+  close to it. Without a drafter t_draft is 0 by definition, not measured.
   """
   drafter = NoDrafter() if drafter is None else drafter
   spec, (params, drafter, prompt_arr, lens, eos, rng) = _setup(
@@ -400,37 +404,55 @@ def profile_phases(target: Target, prompts, *, drafter: Drafter | None = None,
     return jax.lax.fori_loop(
         0, n, lambda i, s: _verify_phase(spec, params, drafter, eos, tree, s, key), state)
 
-  def per_round(loops: dict[str, Any]) -> dict[str, float]:
-    """Seconds per round of each `n -> state` loop: runs at repeats and 2 * repeats rounds,
-    interleaved across the loops (so drift in the machine's speed hits them alike); the fastest
-    run at each length, then their difference over repeats."""
+  def per_round(loops: dict[str, Any]) -> dict[str, tuple[float, np.ndarray]]:
+    """Per `n -> state` loop: (seconds per round, the per-trial estimates). Runs at repeats and
+    2 * repeats rounds, interleaved across the loops (so drift in the machine's speed hits them
+    alike); the estimate is the fastest run at each length, then their difference over
+    repeats."""
     walls = {name: {n: [] for n in (repeats, 2 * repeats)} for name in loops}
-    for trial in range(6):
+    for trial in range(trials + 1):
       for name, fn in loops.items():
         for n in (repeats, 2 * repeats):
           start = time.perf_counter()
           jax.block_until_ready(fn(n))
           if trial:  # the first trial compiles and warms up
             walls[name][n].append(time.perf_counter() - start)
-    return {name: max(min(w[2 * repeats]) - min(w[repeats]), 0.0) / repeats
-            for name, w in walls.items()}
+    out = {}
+    for name, w in walls.items():
+      short, long = np.asarray(w[repeats]), np.asarray(w[2 * repeats])
+      out[name] = ((long.min() - short.min()) / repeats, (long - short) / repeats)
+    return out
 
-  def per_call(fn) -> float:
+  def per_call(fn) -> tuple[float, np.ndarray]:
     jax.block_until_ready(fn())
-    start = time.perf_counter()
-    for _ in range(repeats):
-      out = fn()
-    jax.block_until_ready(out)
-    return (time.perf_counter() - start) / repeats
+    means = []
+    for _ in range(trials):
+      start = time.perf_counter()
+      for _ in range(repeats):
+        out = fn()
+      jax.block_until_ready(out)
+      means.append((time.perf_counter() - start) / repeats)
+    return min(means), np.asarray(means)
+
+  def spread(per_trial: np.ndarray) -> float:
+    return float(per_trial.max() - per_trial.min())
 
   loops = {"verify": lambda n: verify_rounds(params, drafter, eos, tree, state, key, n)}
   if drafter.num_nodes:
     loops["round"] = lambda n: rounds(params, drafter, eos, state, n)
   t = per_round(loops)
+  t_prefill, prefill_trials = per_call(
+      lambda: prefill(spec, params, drafter, prompt_arr, lens, eos, rng))
+  t_verify, verify_trials = t["verify"]
+  if "round" in t:
+    t_round, round_trials = t["round"]
+    t_draft, draft_spread = t_round - t_verify, spread(round_trials - verify_trials)
+  else:
+    t_draft, draft_spread = 0.0, 0.0
   return {
-      "t_prefill": per_call(lambda: prefill(spec, params, drafter, prompt_arr, lens, eos, rng)),
-      "t_draft": max(t.get("round", t["verify"]) - t["verify"], 0.0),
-      "t_verify": t["verify"],
+      "t_prefill": float(t_prefill), "t_prefill_spread": spread(prefill_trials),
+      "t_draft": float(t_draft), "t_draft_spread": draft_spread,
+      "t_verify": float(t_verify), "t_verify_spread": spread(verify_trials),
   }
 
 

@@ -59,3 +59,15 @@ def test_load_from_args_fails_as_a_usage_error(capsys):
       "error: override 'seq_len' is not of the form dotted.path=value\n")
   cfg = cli.load_from_args(parser.parse_args(["--set", "seed=3"]), ["log_every=5"])
   assert (cfg.seed, cfg.log_every) == (3, 5)
+
+
+def test_tune_tree_save_needs_an_explicit_path(capsys):
+  """`tune_tree --save` writes into a drafter folder: without --path it refuses (a usage error
+  naming --path) before any sweep, so the shipped folders change only when named."""
+  from experiments import tune_tree
+  with pytest.raises(SystemExit) as e:
+    tune_tree.main(["--method", "eagle", "--save"])
+  assert e.value.code == 2
+  err = capsys.readouterr().err
+  assert err.startswith("error: --save writes into a drafter folder: name it with --path")
+  assert "specjax/assets/eagle" in err

@@ -165,8 +165,9 @@ def stdlib_builder(data_dir=None, source_dir=None) -> StdlibCode:
   """The (unprepared) builder for the stdlib, or for `source_dir` when given."""
   # The stdlib config is registered in BUILDER_CONFIGS, and TFDS wants it named, not re-made.
   config = StdlibCode.BUILDER_CONFIGS[0].name if source_dir is None else folder_config(source_dir)
-  return StdlibCode(
-      config=config, data_dir=storage.resolve_data_dir(data_dir), file_format=storage.FILE_FORMAT)
+  with storage.quiet_tfds():  # a folder's config is "custom": TFDS warns of it at every load
+    return StdlibCode(config=config, data_dir=storage.resolve_data_dir(data_dir),
+                      file_format=storage.FILE_FORMAT)
 
 
 def load_stdlib_code(split: str, data_dir=None, source_dir=None) -> storage.TextRecords:

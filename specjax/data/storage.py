@@ -8,11 +8,15 @@ features back as `bytes`, so `TextRecords` decodes them to `str` for the rest of
 from __future__ import annotations
 
 import collections.abc
+import contextlib
+import logging
 import os
+import sys
 import tempfile
 from typing import Any
 
 import tensorflow_datasets as tfds
+from tensorflow_datasets.core.utils import tqdm_utils
 
 DATA_DIR_ENV = 'SPECJAX_DATA_DIR'
 FILE_FORMAT = 'array_record'
@@ -54,11 +58,40 @@ def ensure_writable(data_dir: str) -> None:
         f'set {DATA_DIR_ENV} or pass data_dir= to a writable directory') from e
 
 
+@contextlib.contextmanager
+def quiet_tfds():
+  """TFDS's chatter around a local build, silenced: its warnings (a custom config in use, a
+  version folder not built yet) and its progress bars. Errors still raise, and ERROR records
+  still print."""
+  loggers = [logging.getLogger(name) for name in ('absl', 'tensorflow_datasets')]
+  levels = [logger.level for logger in loggers]
+  bars = getattr(tqdm_utils, '_active', True)
+  for logger in loggers:
+    logger.setLevel(logging.ERROR)
+  tfds.disable_progress_bar()
+  try:
+    yield
+  finally:
+    tfds.display_progress_bar(bars)
+    for logger, level in zip(loggers, levels):
+      logger.setLevel(level)
+
+
 def prepare(builder: tfds.core.DatasetBuilder) -> tfds.core.DatasetBuilder:
-  """Builds the dataset unless already prepared; a prepared dir may be read-only."""
-  if not builder.is_prepared():
-    ensure_writable(os.fspath(builder.data_dir_root))
-    builder.download_and_prepare()
+  """Builds the dataset unless already prepared, saying so in one line instead of TFDS's
+  "Downloading and preparing ... Subsequent calls will reuse this data" (nothing is
+  downloaded); a prepared dir may be read-only."""
+  with quiet_tfds():
+    if not builder.is_prepared():
+      ensure_writable(os.fspath(builder.data_dir_root))
+      print(f'building the {builder.name} dataset (first run only) in {builder.data_dir_root}',
+            file=sys.stderr, flush=True)
+      # The two announcements are plain prints of the builder: only this instance's are dropped.
+      builder._log_download_bytes = builder._log_download_done = lambda: None
+      try:
+        builder.download_and_prepare()
+      finally:
+        del builder._log_download_bytes, builder._log_download_done
   return builder
 
 

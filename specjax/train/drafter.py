@@ -19,7 +19,8 @@ prediction of the training view; and chain tau, 1 + sum_d P(depths 1..d all agre
 acceptance a chain gets (per-depth agreement also counts deep hits after a miss).
 
 Data: packed rows of the stdlib corpus, or self-distillation: continuations the target itself
-generates from corpus prompts (cached in the workdir), which is what the drafter will see.
+generates from corpus prompts (cached chunk by chunk in `distill_cache`, so an interrupted
+generation resumes), which is what the drafter will see.
 Resumption, checkpoints and the progress bar are `specjax.train.loop`'s.
 """
 
@@ -29,14 +30,16 @@ import dataclasses
 import hashlib
 import json
 import os
+import shutil
 import time
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from tqdm.auto import tqdm
 
-from specjax import config_utils, decoding
+from specjax import config_utils, decoding, provenance
 from specjax.data import pipeline, stdlib_code
 from specjax.drafters import io, learned, registry
 from specjax.interop.hf import load_target
@@ -234,20 +237,41 @@ def make_evaluator(setup: _Setup, cfg: DrafterTrainConfig, frozen, rows: np.ndar
 # Data
 
 
-def _corpus_stream(cfg: DrafterTrainConfig, target: Target, split: str) -> np.ndarray:
+def _say(progress: bool, message: str) -> None:
+  """One line per phase of a run's set-up, so its first minutes are not silent."""
+  if progress:
+    print(message, flush=True)
+
+
+def _corpus_stream(cfg: DrafterTrainConfig, target: Target, split: str,
+                   progress: bool = False) -> np.ndarray:
   """The tokens of a corpus split ("train" | "heldout"), files joined."""
+  _say(progress, f"building the {'stdlib' if cfg.source_dir is None else 'source'} corpus "
+       f"({split} split)")
   examples = stdlib_code.load_stdlib_code(split, cfg.data_dir, cfg.source_dir)
   if len(examples) == 0:
     raise ValueError(f"{cfg.source_dir or 'the stdlib'} has an empty {split} split")
+  _say(progress, f"tokenizing {len(examples)} files ({split} split; cached after the first run)")
   return pipeline.cached_token_stream(target.tokenizer, [ex["text"] for ex in examples])
 
 
+def _atomic_save(path: str, array: np.ndarray) -> None:
+  """Written to a temp file then renamed: a killed run never leaves a truncated file."""
+  tmp = f"{path}.{os.getpid()}.tmp"
+  with open(tmp, "wb") as f:
+    np.save(f, array)
+  os.replace(tmp, path)
+
+
 def self_distill_rows(cfg: DrafterTrainConfig, target: Target, stream: np.ndarray,
-                      rows: int, seed: int) -> np.ndarray:
+                      rows: int, seed: int, *, progress: bool = False) -> np.ndarray:
   """int32[rows, prompt + new]: corpus prompts followed by the target's own continuations.
 
-  Cached in the workdir under a key of everything that determines them, so a resumed run trains
-  on exactly the same rows; generation is batched (`distill_batch` rows per jit call).
+  Cached under a key of everything that determines them, so a resumed run trains on exactly the
+  same rows. Generation is batched (`distill_batch` rows per jit call, the chunk starting at row
+  i seeded with seed + i) and each finished chunk is saved at once in the key's folder, so an
+  interrupted run resumes at its first missing chunk with rows bit-identical to an uninterrupted
+  run's; once complete the chunks become one file, which later runs reuse.
   """
   key = hashlib.sha256(json.dumps([
       rows, seed, cfg.distill_prompt_tokens, cfg.distill_new_tokens, cfg.distill_temperature,
@@ -256,21 +280,34 @@ def self_distill_rows(cfg: DrafterTrainConfig, target: Target, stream: np.ndarra
   path = os.path.join(cfg.distill_cache, f"distill-{key}.npy")
   if os.path.isfile(path):
     return np.load(path)
+  chunk_dir = os.path.join(cfg.distill_cache, f"distill-{key}.chunks")
+  os.makedirs(chunk_dir, exist_ok=True)
   p = cfg.distill_prompt_tokens
   starts = np.random.default_rng(seed).integers(0, stream.size - p, size=rows)
   prompts = np.stack([stream[s:s + p] for s in starts])
-  out = []
-  for i in range(0, rows, cfg.distill_batch):
-    res = decoding.generate(target, [list(map(int, r)) for r in prompts[i:i + cfg.distill_batch]],
-                            max_new_tokens=cfg.distill_new_tokens, eos_token_id=[],
-                            temperature=cfg.distill_temperature, seed=seed + i, pad_to=p)
-    out.extend(res.tokens)
-  data = np.concatenate([prompts, np.asarray(out, np.int32)], axis=1).astype(np.int32)
-  os.makedirs(cfg.distill_cache, exist_ok=True)
-  tmp = f"{path}.{os.getpid()}.tmp"
-  with open(tmp, "wb") as f:
-    np.save(f, data)
-  os.replace(tmp, path)
+  spans = [(i, min(i + cfg.distill_batch, rows)) for i in range(0, rows, cfg.distill_batch)]
+
+  def chunk_path(lo: int, hi: int) -> str:  # named by its rows: another batching never matches
+    return os.path.join(chunk_dir, f"rows-{lo:07d}-{hi:07d}.npy")
+
+  done = [os.path.isfile(chunk_path(lo, hi)) for lo, hi in spans]
+  _say(progress, f"generating {rows} self-distilled rows ({cfg.distill_new_tokens} tokens each"
+       + (f"; {sum(hi - lo for (lo, hi), d in zip(spans, done) if d)} already on disk"
+          if any(done) else "") + f") in {chunk_dir}")
+  with tqdm(total=rows, initial=sum(hi - lo for (lo, hi), d in zip(spans, done) if d),
+            desc="self-distill", unit="row", disable=not progress, dynamic_ncols=True) as bar:
+    for (lo, hi), finished in zip(spans, done):
+      if finished:
+        continue
+      res = decoding.generate(target, [list(map(int, r)) for r in prompts[lo:hi]],
+                              max_new_tokens=cfg.distill_new_tokens, eos_token_id=[],
+                              temperature=cfg.distill_temperature, seed=seed + lo, pad_to=p)
+      _atomic_save(chunk_path(lo, hi), np.concatenate(
+          [prompts[lo:hi], np.asarray(res.tokens, np.int32)], axis=1).astype(np.int32))
+      bar.update(hi - lo)
+  data = np.concatenate([np.load(chunk_path(lo, hi)) for lo, hi in spans])
+  _atomic_save(path, data)
+  shutil.rmtree(chunk_dir, ignore_errors=True)
   return data
 
 
@@ -278,14 +315,15 @@ def _heldout(cfg: DrafterTrainConfig, stream: np.ndarray) -> np.ndarray:
   return pipeline.pack_stream(stream, cfg.seq_len - 1)[:cfg.eval_rows]
 
 
-def training_rows(cfg: DrafterTrainConfig, target: Target):
+def training_rows(cfg: DrafterTrainConfig, target: Target, progress: bool = False):
   """(train rows, held-out rows, vocabulary counts of the train rows)."""
-  train_stream = _corpus_stream(cfg, target, "train")
-  heldout = _heldout(cfg, _corpus_stream(cfg, target, "heldout"))
+  train_stream = _corpus_stream(cfg, target, "train", progress)
+  heldout = _heldout(cfg, _corpus_stream(cfg, target, "heldout", progress))
   if cfg.source == "corpus":
     train = pipeline.pack_stream(train_stream, cfg.seq_len - 1)
   else:
-    train = self_distill_rows(cfg, target, train_stream, cfg.distill_rows, cfg.seed)
+    train = self_distill_rows(cfg, target, train_stream, cfg.distill_rows, cfg.seed,
+                              progress=progress)
   counts = np.bincount(train.reshape(-1), minlength=target.config.vocab_size)
   return train, heldout, counts
 
@@ -302,14 +340,16 @@ def _load_target(cfg: DrafterTrainConfig) -> Target:
 def train_drafter(cfg: DrafterTrainConfig, *, stop_after: int | None = None,
                   progress: bool = True, target: Target | None = None) -> dict[str, Any]:
   """Runs (or resumes) drafter training; exports a drafter folder when it reaches the end."""
-  target = target or _load_target(cfg)
+  if target is None:
+    _say(progress, f"loading the target ({cfg.target_path or 'shipped'})")
+    target = _load_target(cfg)
   if target.tokenizer is None:
     raise ValueError("drafter training needs the target's tokenizer (tokenizer.json)")
   layers = taps(cfg, target)
   loop.check_run_config(cfg.workdir, cfg)
   fam = registry.family(cfg.method)
   t0 = time.perf_counter()
-  train_rows, heldout_rows, counts = training_rows(cfg, target)
+  train_rows, heldout_rows, counts = training_rows(cfg, target, progress)
   data_seconds = time.perf_counter() - t0
   d2t = learned.draft_vocab_from_counts(counts, cfg.draft_vocab_size)
   net = fam.make_config(target.config, draft_vocab_size=cfg.draft_vocab_size,
@@ -363,6 +403,7 @@ def train_drafter(cfg: DrafterTrainConfig, *, stop_after: int | None = None,
                                      for d in range(cfg.eval_depth)],
       "heldout_chain_tau": round(final["chain_tau"], 4),
       "heldout_rows": int(heldout_rows.shape[0]),
+      "provenance": provenance.collect(),  # the config is "training" above
   }
   export_dir = cfg.export_dir or os.path.join(cfg.workdir, "export")
   io.save_drafter(export_dir, cfg.method, net, result.params, d2t, target.config,

@@ -128,6 +128,8 @@ def train(loss_fn: LossFn, params: Any, tx: optax.GradientTransformation,
     t_mark = t_log = time.perf_counter()  # t_mark: elapsed-time accounting; t_log: throughput
     step_log = start
     stream = batches(start)
+    if progress and start < end:
+      bar.write("compiling the train step")  # the first step's minute is not a hang
     for step in range(start, end):
       state, metrics = train_step(state, next(stream))
       done = step + 1

@@ -134,6 +134,40 @@ def test_humaneval_has_164_problems_with_five_fields(tiny_data_dir):
   assert problems[0]['prompt'].startswith('from typing import List')
 
 
+def test_first_build_prints_one_line_and_no_tfds_chatter(tiny_src, tmp_path, capfd, caplog):
+  """A first build says what it builds in one specjax line, without TFDS's "Downloading and
+  preparing" (nothing is downloaded), its progress bars or its absl warnings about unbuilt
+  version folders; a second load prints nothing, and TFDS's settings are restored."""
+  import logging
+
+  from tensorflow_datasets.core.utils import tqdm_utils
+  level = logging.getLogger('absl').level
+  with caplog.at_level(logging.WARNING):
+    data.load_stdlib_code('train', data_dir=tmp_path, source_dir=tiny_src)
+    data.load_humaneval(data_dir=tmp_path)
+  out, err = capfd.readouterr()
+  lines = [line for line in (out + err).splitlines() if line.strip()]
+  assert lines == [f'building the stdlib_code dataset (first run only) in {tmp_path}',
+                   f'building the humaneval dataset (first run only) in {tmp_path}'], lines
+  assert not [r for r in caplog.records if r.name in ('absl', 'tensorflow_datasets')]
+  assert tqdm_utils._active and logging.getLogger('absl').level == level
+  data.load_humaneval(data_dir=tmp_path)
+  assert capfd.readouterr() == ('', '')
+
+
+def test_a_failing_build_still_raises(tmp_path, monkeypatch):
+  """Silencing TFDS hides no error: one raised while generating examples reaches the caller."""
+  from specjax.data import humaneval
+
+  def broken(self, problems):
+    raise RuntimeError('generator failed')
+    yield
+
+  monkeypatch.setattr(humaneval.Humaneval, '_generate_examples', broken)
+  with pytest.raises(RuntimeError, match='generator failed'):
+    data.load_humaneval(data_dir=tmp_path)
+
+
 def test_unwritable_data_dir_raises_naming_it(tiny_src, tmp_path):
   blocker = tmp_path / 'a_file'
   blocker.write_text('')

@@ -6,6 +6,7 @@ stdlib files: the same code path as the shipped drafters' training, with a few s
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import os
@@ -69,6 +70,59 @@ def test_eagle3_resume_after_interruption_is_bitwise_identical(source_dir, targe
   assert len(glob.glob(os.path.join(tmp_path, "distill", "distill-*.npy"))) == 1
 
 
+def test_self_distillation_resumes_from_its_chunks(source_dir, target, tmp_path, monkeypatch,
+                                                  capsys):
+  """Self-distillation saves each generated chunk as it goes: killed after one of three chunks it
+  leaves that chunk on disk, resumes from it (generating only the rest) and ends with the rows of
+  an uninterrupted run bit for bit; the finished cache is one file, reused without generating."""
+  from specjax.train import drafter as D
+  cfg = _config("eagle", source_dir, tmp_path / "run", "distill_rows=10", "distill_batch=4")
+  stream = D._corpus_stream(cfg, target, "train")
+  straight = D.self_distill_rows(
+      dataclasses.replace(cfg, distill_cache=os.fspath(tmp_path / "straight")), target, stream,
+      cfg.distill_rows, cfg.seed)
+  assert straight.shape == (10, 8 + 24)
+  generate, calls = D.decoding.generate, []
+
+  def counted(*args, limit=None, **kwargs):
+    calls.append(len(args[1]))
+    if limit is not None and len(calls) > limit:
+      raise KeyboardInterrupt  # the run is killed during its second chunk
+    return generate(*args, **kwargs)
+
+  monkeypatch.setattr(D.decoding, "generate", lambda *a, **k: counted(*a, limit=1, **k))
+  with pytest.raises(KeyboardInterrupt):
+    D.self_distill_rows(cfg, target, stream, cfg.distill_rows, cfg.seed)
+  chunks = glob.glob(os.path.join(cfg.distill_cache, "distill-*.chunks", "*.npy"))
+  assert len(chunks) == 1 and not glob.glob(os.path.join(cfg.distill_cache, "*.npy"))
+  calls.clear()
+  monkeypatch.setattr(D.decoding, "generate", counted)
+  resumed = D.self_distill_rows(cfg, target, stream, cfg.distill_rows, cfg.seed, progress=True)
+  assert calls == [4, 2]  # the two missing chunks only
+  assert "generating 10 self-distilled rows" in capsys.readouterr().out
+  np.testing.assert_array_equal(resumed, straight)
+  assert resumed.dtype == straight.dtype == np.int32
+  assert len(glob.glob(os.path.join(cfg.distill_cache, "distill-*.npy"))) == 1
+  assert not glob.glob(os.path.join(cfg.distill_cache, "*.chunks"))
+  calls.clear()
+  np.testing.assert_array_equal(
+      D.self_distill_rows(cfg, target, stream, cfg.distill_rows, cfg.seed), straight)
+  assert calls == []  # the finished cache is reused
+
+
+def test_drafter_exports_default_to_the_workdir(source_dir, tmp_path):
+  """The shipped recipes export into their workdir (`runs/<name>/export`), never into the
+  shipped assets unless `export_dir` names them."""
+  for method in ("medusa", "hydra", "eagle", "eagle3"):
+    cfg = load_config(f"configs/{method}_stdlib.py")
+    assert cfg.export_dir is None and cfg.workdir == f"runs/{method}_stdlib"
+  for name in ("target_stdlib", "draft_lm_stdlib"):
+    cfg = load_config(f"configs/{name}.py")
+    assert cfg.export_dir is None and cfg.workdir == f"runs/{name}"
+  cfg = load_config("configs/eagle_stdlib.py", ["export_dir=specjax/assets/eagle"])
+  assert cfg.export_dir == "specjax/assets/eagle"
+
+
 def test_feature_noise_is_drawn_per_step_and_resumes_exactly(source_dir, target, tmp_path):
   """EAGLE's feature noise changes what is learned, and its draws are keyed by the step: a run
   stopped after 3 steps and resumed ends with the uninterrupted run's parameters bit for bit."""
@@ -114,6 +168,7 @@ def test_training_exports_a_loadable_drafter(source_dir, target, tmp_path, metho
   assert len(meta["heldout_agreement_by_depth"]) == cfg.eval_depth
   assert 1.0 <= meta["heldout_chain_tau"] <= 1.0 + cfg.eval_depth
   assert 0 < meta["draft_vocab_coverage"] <= 1
+  assert meta["provenance"]["versions"]["jax"] and meta["provenance"]["date_utc"]
   on_disk = json.loads(open(os.path.join(summary["export_dir"], "metadata.json")).read())
   assert on_disk["heldout_agreement_by_depth"] == meta["heldout_agreement_by_depth"]
   drafter = specjax.load_drafter(summary["export_dir"], target)
