@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from specjax import provenance
 from specjax.config_utils import to_dict
 from specjax.data import pipeline, stdlib_code
 from specjax.data import tokenizer as tokenizer_lib
@@ -216,6 +217,7 @@ def export(cfg: LMTrainConfig, model_cfg: ModelConfig, result: loop.TrainResult,
       "train_tokens": int(data.train_stream.size),
       "corpus": to_dict(data.corpus, strings=portable_path),
       "trainer_python": sys.version.split()[0],
+      "provenance": provenance.collect(),  # the config is "training"
   }
   save_hf(Target(export_cfg, params, data.tokenizer), export_dir,
           extra_files={"metadata.json": json.dumps(metadata, indent=2)})
