@@ -227,3 +227,19 @@ def _decode(v: Any, typ: Any, where: str, strict: bool, codecs: Mapping[type, Co
   if origin is dict and args and isinstance(v, Mapping):
     return {k: _decode(x, args[1], where, strict, codecs) for k, x in v.items()}
   return v
+
+
+def read_json_object(file: str | os.PathLike) -> dict[str, Any] | None:
+  """A JSON file holding one object (the optional metadata files beside a checkpoint), None when
+  the file does not exist; ValueError naming the file when it is not a JSON object."""
+  file = os.fspath(file)
+  if not os.path.isfile(file):
+    return None
+  with open(file) as f:
+    try:
+      d = json.load(f)
+    except json.JSONDecodeError as e:
+      raise ValueError(f"{file} is not valid JSON: {e}") from e
+  if not isinstance(d, dict):
+    raise ValueError(f"{file} must hold a JSON object")
+  return d

@@ -22,6 +22,7 @@ from flax import nnx
 from safetensors import SafetensorError, safe_open
 from safetensors.flax import save_file
 
+from specjax import config_utils
 from specjax.interop.tokenizer import (
   TOKENIZER_CONFIG_FILE,
   TOKENIZER_FILE,
@@ -130,17 +131,8 @@ def params_from_hf_tensors(cfg: ModelConfig, tensors: dict[str, jax.Array]) -> n
 
 def read_generation_config(path: str | os.PathLike) -> GenerationDefaults | None:
   """The folder's `generation_config.json` special ids, None when it has none."""
-  file = os.path.join(os.fspath(path), _GENERATION)
-  if not os.path.exists(file):
-    return None
-  with open(file) as f:
-    try:
-      d = json.load(f)
-    except json.JSONDecodeError as e:
-      raise ValueError(f"{file} is not valid JSON: {e}") from e
-  if not isinstance(d, dict):
-    raise ValueError(f"{file} must hold a JSON object")
-  return GenerationDefaults.from_hf_dict(d)
+  d = config_utils.read_json_object(os.path.join(os.fspath(path), _GENERATION))
+  return None if d is None else GenerationDefaults.from_hf_dict(d)
 
 
 def load_target(path: str | os.PathLike, dtype: str | None = None, *,

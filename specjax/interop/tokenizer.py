@@ -17,6 +17,8 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
+from specjax import config_utils
+
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 
@@ -54,17 +56,8 @@ def tokenizer_fingerprint(tok: Tokenizer | None) -> str | None:
 
 def read_tokenizer_config(folder: str | os.PathLike) -> dict[str, Any]:
   """The folder's `tokenizer_config.json` as a dict ({} when it has none)."""
-  src = os.path.join(os.fspath(folder), TOKENIZER_CONFIG_FILE)
-  if not os.path.isfile(src):
-    return {}
-  with open(src) as f:
-    try:
-      d = json.load(f)
-    except json.JSONDecodeError as e:
-      raise ValueError(f"{src!r} is not valid JSON: {e}") from e
-  if not isinstance(d, dict):
-    raise ValueError(f"{src!r} must hold a JSON object")
-  return d
+  d = config_utils.read_json_object(os.path.join(os.fspath(folder), TOKENIZER_CONFIG_FILE))
+  return {} if d is None else d
 
 
 def apply_tokenizer_config(tok: Tokenizer, config: dict[str, Any]) -> Tokenizer:
