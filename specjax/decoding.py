@@ -9,11 +9,18 @@ Conventions (the field's):
 
 Shapes are static per (batch, prompt bucket, max_new_tokens); prompt lengths are padded up to a
 power-of-two bucket so a new prompt length inside a bucket reuses the compiled program.
+
+On a device mesh (a target from `Target.on_mesh` or `load_target(mesh=...)`) the same program is
+compiled with explicit shardings (`specjax.sharding`): params and drafter by the partition rules,
+batch rows and the KV cache rows over `data` (the batch padded to a multiple of it with rows that
+start finished), KV heads over `model`; the cache is allocated on its sharding and donated.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -22,8 +29,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
+from jax.experimental import multihost_utils
 
-from specjax import checks, metrics, trees, verify
+from specjax import checks, metrics, sharding, trees, verify
 from specjax.drafters.base import (
     DraftContext,
     Drafter,
@@ -101,6 +109,7 @@ class _Spec:
   sampling: SamplingConfig
   max_new_tokens: int
   cache_len: int
+  mesh: jax.sharding.Mesh | None = None
 
 
 def bucket_length(n: int, limit: int) -> int:
@@ -115,10 +124,54 @@ def _is_eos(tokens: jax.Array, eos_ids: jax.Array) -> jax.Array:
   return jnp.any(tokens[..., None] == eos_ids, axis=-1)
 
 
-def _prefill(spec: _Spec, params, drafter, prompts, prompt_lens, eos_ids, rng) -> DecodeState:
+def _init_cache(spec: _Spec, batch: int) -> KVCache:
+  """The target's zeroed cache, allocated directly on its sharding."""
+  return _cache_allocator(spec.config, spec.cache_len, spec.mesh, batch)()
+
+
+@functools.lru_cache(maxsize=64)
+def _cache_allocator(cfg: ModelConfig, cache_len: int, mesh, batch: int):
+  """One jitted allocator per cache shape and mesh (a new jit per call would recompile)."""
+  def init():
+    return decoder.init_cache(cfg, batch, cache_len)
+  if mesh is None:
+    return jax.jit(init)
+  return jax.jit(init, out_shardings=_cache_layout(cfg, mesh))
+
+
+def _cache_layout(cfg: ModelConfig, mesh) -> KVCache:
+  kv = jax.sharding.NamedSharding(mesh, sharding.cache_spec(cfg, mesh))
+  return KVCache(k=kv, v=kv, length=sharding.batch_sharding(mesh))
+
+
+def _cache_shardings(spec: _Spec) -> KVCache:
+  return _cache_layout(spec.config, spec.mesh)
+
+
+def _state_shardings(spec: _Spec) -> DecodeState:
+  """The loop state's layout: rows over data, counters replicated; the drafter's state is
+  left to the partitioner (None), which propagates it from the arrays it is computed from."""
+  rows, rep = sharding.batch_sharding(spec.mesh), sharding.replicated(spec.mesh)
+  return DecodeState(cache=_cache_shardings(spec), history=rows, hist_len=rows, prompt_len=rows,
+                     done=rows, calls=rows, rounds=rep, accepted_hist=rep, rng=rep,
+                     drafter_state=None, finite=rows)
+
+
+def _constrain(spec: _Spec, state: DecodeState) -> DecodeState:
+  """Pins the loop carry to `_state_shardings` (the drafter state excepted) on a mesh."""
+  if spec.mesh is None:
+    return state
+  layout = _state_shardings(spec)
+  fixed = state.replace(drafter_state=None)
+  fixed = jax.lax.with_sharding_constraint(fixed, layout.replace(drafter_state=None))
+  return fixed.replace(drafter_state=state.drafter_state)
+
+
+def _prefill(spec: _Spec, params, drafter, prompts, prompt_lens, live, eos_ids, rng,
+             cache: KVCache) -> DecodeState:
+  """The prompts' forward pass into `cache`; rows with `live` False (batch padding) start done."""
   cfg = spec.config
   b, p = prompts.shape
-  cache = decoder.init_cache(cfg, b, spec.cache_len)
   positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
   out = decoder.forward(cfg, params, prompts, positions, decoder.causal_mask(prompt_lens, p), cache,
                         hidden_layers=drafter.hidden_layers,
@@ -132,12 +185,12 @@ def _prefill(spec: _Spec, params, drafter, prompts, prompt_lens, eos_ids, rng) -
   view = TargetView(cfg, spec.sampling, params)
   drafter_state = drafter.init(view, Prefill(prompts, history, prompt_lens + 1, last, out.hidden,
                                                   cache))
-  return DecodeState(
+  return _constrain(spec, DecodeState(
       cache=cache, history=history, hist_len=prompt_lens + 1, prompt_len=prompt_lens,
-      done=_is_eos(first, eos_ids) | (spec.max_new_tokens <= 1),
+      done=_is_eos(first, eos_ids) | (spec.max_new_tokens <= 1) | ~live,
       calls=jnp.ones((b,), jnp.int32), rounds=jnp.zeros((), jnp.int32),
       accepted_hist=jnp.zeros((drafter.num_nodes + 1,), jnp.int32), rng=rng,
-      drafter_state=drafter_state, finite=jnp.all(jnp.isfinite(last), axis=-1))
+      drafter_state=drafter_state, finite=jnp.all(jnp.isfinite(last), axis=-1) | ~live))
 
 
 def _draft_phase(spec: _Spec, params, drafter, s: DecodeState):
@@ -183,28 +236,47 @@ def _verify_phase(spec: _Spec, params, drafter, eos_ids, tree, s: DecodeState, a
 def _round(spec: _Spec, params, drafter, eos_ids, s: DecodeState) -> DecodeState:
   """draft -> verify [pending | tree] in one target call -> accept -> commit -> update."""
   tree, s, accept_key = _draft_phase(spec, params, drafter, s)
-  return _verify_phase(spec, params, drafter, eos_ids, tree, s, accept_key)
+  return _constrain(spec, _verify_phase(spec, params, drafter, eos_ids, tree, s, accept_key))
 
 
-def _generate_program(spec: _Spec, params, drafter, prompts, prompt_lens, eos_ids, rng
-                      ) -> DecodeState:
-  state = _prefill(spec, params, drafter, prompts, prompt_lens, eos_ids, rng)
+def _generate_program(spec: _Spec, params, drafter, prompts, prompt_lens, live, eos_ids, rng,
+                      cache) -> DecodeState:
+  state = _prefill(spec, params, drafter, prompts, prompt_lens, live, eos_ids, rng, cache)
   return jax.lax.while_loop(lambda s: ~jnp.all(s.done),
                             lambda s: _round(spec, params, drafter, eos_ids, s), state)
 
 
 _COMPILED: dict[tuple, jax.stages.Compiled] = {}
+_CACHE_ARG = 8  # the cache's position in _generate_program's arguments (donated)
+
+
+def _mesh_context(mesh):
+  """Traces under `jax.set_mesh(mesh)` so mesh-aware code (the Pallas attention's shard_map)
+  sees the mesh; a no-op on one device."""
+  return contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh)
+
+
+def _arg_shardings(args) -> tuple:
+  return jax.tree.map(lambda a: a.sharding, args)
 
 
 def _compiled(spec: _Spec, *args) -> tuple[jax.stages.Compiled, float]:
-  """AOT-compiles once per (spec, drafter structure, shapes); returns it and the compile time."""
+  """AOT-compiles once per (spec, drafter structure, shapes); returns it and the compile time.
+
+  On a mesh the program's in_shardings are its arguments' (placed by `_setup`) and its
+  out_shardings the loop state's layout; the cache argument is donated either way."""
   leaves, treedef = jax.tree.flatten(args)
   key = (spec, treedef) + tuple((a.shape, a.dtype) for a in leaves)
   if key in _COMPILED:
     return _COMPILED[key], 0.0
   start = time.perf_counter()
-  fn = jax.jit(_generate_program, static_argnums=0)
-  _COMPILED[key] = fn.lower(spec, *args).compile()
+  if spec.mesh is None:
+    fn = jax.jit(_generate_program, static_argnums=0, donate_argnums=_CACHE_ARG)
+  else:
+    fn = jax.jit(_generate_program, static_argnums=0, donate_argnums=_CACHE_ARG,
+                 in_shardings=_arg_shardings(args), out_shardings=_state_shardings(spec))
+  with _mesh_context(spec.mesh):
+    _COMPILED[key] = fn.lower(spec, *args).compile()
   return _COMPILED[key], time.perf_counter() - start
 
 
@@ -283,8 +355,9 @@ def _eos_array(cfg: ModelConfig, eos_token_id) -> np.ndarray:
 
 
 def _setup(target: Target, prompts, max_new_tokens: int, drafter, sampling: SamplingConfig,
-           seed: int, eos_token_id, pad_to: int | None) -> tuple[_Spec, tuple]:
-  """Validates the inputs and builds the static spec and the array arguments of a program."""
+           seed: int, eos_token_id, pad_to: int | None) -> tuple[_Spec, tuple, int]:
+  """Validates the inputs and builds the static spec, the array arguments of a program (placed
+  on the target's mesh when it has one) and the number of real rows (the rest are padding)."""
   cfg = target.config
   max_new_tokens = checks.integer("max_new_tokens", max_new_tokens, lo=1)
   seed = checks.integer("seed", seed)
@@ -303,21 +376,40 @@ def _setup(target: Target, prompts, max_new_tokens: int, drafter, sampling: Samp
   p = pad_to or bucket_length(longest, cfg.max_position_embeddings)
   # Room for the last round's whole block. Nodes past the context only ever produce tokens past
   # max_new_tokens, which are cut: a tree never needs to shrink near the end of the context.
+  mesh = target.mesh
   spec = _Spec(cfg, sampling, max_new_tokens,
-               cache_len=p + max_new_tokens + drafter.num_nodes + 1)
-  prompt_arr = np.zeros((len(ids), p), np.int32)
-  for i, row in enumerate(ids):
+               cache_len=p + max_new_tokens + drafter.num_nodes + 1, mesh=mesh)
+  n_real = len(ids)
+  rows = ids + [ids[-1]] * (sharding.padded_batch(n_real, mesh) - n_real)  # pad rows: done
+  prompt_arr = np.zeros((len(rows), p), np.int32)
+  for i, row in enumerate(rows):
     prompt_arr[i, :len(row)] = row
-  args = (target.params, drafter, jnp.asarray(prompt_arr),
-          jnp.asarray([len(r) for r in ids], jnp.int32),
-          jnp.asarray(_eos_array(cfg, eos_token_id)), jax.random.key(seed))
-  return spec, args
+  batch = (prompt_arr, np.asarray([len(r) for r in rows], np.int32),
+           np.arange(len(rows)) < n_real)
+  shared = (_eos_array(cfg, eos_token_id), jax.random.key(seed))
+  if mesh is None:
+    batch, shared = tuple(map(jnp.asarray, batch)), (jnp.asarray(shared[0]), shared[1])
+  else:
+    drafter = sharding.shard_drafter(drafter, cfg, mesh)
+    batch = tuple(jax.device_put(a, sharding.batch_sharding(mesh)) for a in batch)
+    shared = tuple(jax.device_put(a, sharding.replicated(mesh)) for a in shared)
+  args = (target.params, drafter, *batch, *shared, _init_cache(spec, len(rows)))
+  return spec, args, n_real
+
+
+def _to_host(x: jax.Array) -> np.ndarray:
+  """The whole of a (possibly multi-process) array as numpy, on every process."""
+  if x.is_fully_addressable:
+    return np.asarray(x)
+  if x.is_fully_replicated:
+    return np.asarray(x.addressable_data(0))
+  return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
 def _check_finite(state: DecodeState) -> None:
   """The prefill's logits are checked in the program (one reduction): NaN weights would
   otherwise decode as token 0 without a word."""
-  bad = np.flatnonzero(~np.asarray(state.finite))
+  bad = np.flatnonzero(~_to_host(state.finite))
   if bad.size:
     raise ValueError(f"the target's logits are not finite (NaN/inf weights?) for prompt "
                      f"{int(bad[0])}")
@@ -326,7 +418,7 @@ def _check_finite(state: DecodeState) -> None:
 def generate(target: Target, prompts: Sequence[str | Sequence[int]], *, max_new_tokens: int,
              drafter: Drafter | None = None, temperature: float = 0.0, top_k: int = 0,
              top_p: float = 1.0, seed: int = 0, eos_token_id: int | Sequence[int] | None = None,
-             pad_to: int | None = None) -> GenerateResult:
+             pad_to: int | None = None, mesh=None) -> GenerateResult:
   """Generates up to `max_new_tokens` per prompt in one jit call, speculatively with `drafter`.
 
   prompts: strings (encoded with the target's tokenizer) or lists of token ids; rows may differ
@@ -337,28 +429,34 @@ def generate(target: Target, prompts: Sequence[str | Sequence[int]], *, max_new_
   first EOS (kept in the output) or after exactly `max_new_tokens` tokens.
   pad_to: pad prompts to this many tokens instead of the next power-of-two bucket (one program
   for a whole benchmark set). seed: an int in [0, 2**32) (jax would alias larger ones).
+  mesh: run on this device mesh (a Mesh or a spec such as 'dp=2,tp=4'; default: the target's
+  own, `Target.on_mesh`); the output is the same on every mesh.
   Raises ValueError for a bad argument (before compiling), for a drafter built for another
   target, and after the run when the target's logits are not finite.
   """
   drafter = NoDrafter() if drafter is None else drafter
-  spec, args = _setup(target, prompts, max_new_tokens, drafter,
-                      SamplingConfig(temperature, top_k, top_p), seed, eos_token_id, pad_to)
+  if mesh is not None:
+    target = target.on_mesh(mesh)
+  spec, args, n_real = _setup(target, prompts, max_new_tokens, drafter,
+                              SamplingConfig(temperature, top_k, top_p), seed, eos_token_id,
+                              pad_to)
   program, compile_seconds = _compiled(spec, *args)
+  eos = _to_host(args[5])
   start = time.perf_counter()
   state = jax.block_until_ready(program(*args))
   wall = time.perf_counter() - start
   _check_finite(state)
-  tokens = _collect(state, np.asarray(args[4]), max_new_tokens)
-  calls = np.asarray(state.calls)
+  tokens = _collect(state, eos, max_new_tokens)[:n_real]
+  calls = _to_host(state.calls)[:n_real]
   n_new = sum(len(t) for t in tokens)
-  rounds = int(state.rounds)
+  rounds = int(_to_host(state.rounds))
   stats = Stats(
       tokens_per_second=n_new / wall if wall > 0 else float("inf"),
       tau=float(np.mean([metrics.tau(len(t), c) for t, c in zip(tokens, calls)])),
       target_calls=rounds + 1,
       drafter_calls=rounds if drafter.num_nodes else 0,
       new_tokens=n_new,
-      accepted_by_depth=tuple(int(x) for x in np.asarray(state.accepted_hist)),
+      accepted_by_depth=tuple(int(x) for x in _to_host(state.accepted_hist)),
       wall_seconds=wall,
       compile_seconds=compile_seconds,
       compiled=compile_seconds > 0,
@@ -388,11 +486,18 @@ def profile_phases(target: Target, prompts, *, drafter: Drafter | None = None,
   close to it. Without a drafter t_draft is 0 by definition, not measured.
   """
   drafter = NoDrafter() if drafter is None else drafter
-  spec, (params, drafter, prompt_arr, lens, eos, rng) = _setup(
+  spec, (params, drafter, prompt_arr, lens, live, eos, rng, cache), _ = _setup(
       target, prompts, max_new_tokens, drafter, SamplingConfig(temperature, top_k, top_p), 0,
       [], pad_to)
+  with _mesh_context(spec.mesh):
+    return _profile(spec, params, drafter, prompt_arr, lens, live, eos, rng, cache, repeats,
+                    trials)
+
+
+def _profile(spec: _Spec, params, drafter, prompt_arr, lens, live, eos, rng, cache, repeats,
+             trials) -> dict[str, float]:
   prefill = jax.jit(_prefill, static_argnums=0)
-  state = prefill(spec, params, drafter, prompt_arr, lens, eos, rng)
+  state = prefill(spec, params, drafter, prompt_arr, lens, live, eos, rng, cache)
   tree, _, key = jax.jit(_draft_phase, static_argnums=0)(spec, params, drafter, state)
 
   @jax.jit
@@ -442,7 +547,7 @@ def profile_phases(target: Target, prompts, *, drafter: Drafter | None = None,
     loops["round"] = lambda n: rounds(params, drafter, eos, state, n)
   t = per_round(loops)
   t_prefill, prefill_trials = per_call(
-      lambda: prefill(spec, params, drafter, prompt_arr, lens, eos, rng))
+      lambda: prefill(spec, params, drafter, prompt_arr, lens, live, eos, rng, state.cache))
   t_verify, verify_trials = t["verify"]
   if "round" in t:
     t_round, round_trials = t["round"]
@@ -457,9 +562,9 @@ def profile_phases(target: Target, prompts, *, drafter: Drafter | None = None,
 
 
 def _collect(state: DecodeState, eos_ids: np.ndarray, max_new_tokens: int) -> list[list[int]]:
-  history, hist_len = np.asarray(state.history), np.asarray(state.hist_len)
+  history, hist_len = _to_host(state.history), _to_host(state.hist_len)
   rows = []
-  for row, start, end in zip(history, np.asarray(state.prompt_len), hist_len):
+  for row, start, end in zip(history, _to_host(state.prompt_len), hist_len):
     row = row[start:min(end, start + max_new_tokens)].tolist()
     for i, t in enumerate(row):
       if t in eos_ids:

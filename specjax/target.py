@@ -7,6 +7,7 @@ from typing import Any
 
 from flax import nnx
 
+from specjax import sharding
 from specjax.models import decoder
 from specjax.models.config import ModelConfig
 
@@ -54,12 +55,15 @@ class Target:
   tokenizer: a `tokenizers.Tokenizer` when the checkpoint ships `tokenizer.json`, else None;
   generation: what `generation_config.json` declared, None without one. `generate` stops at
   `config.eos_token_id`, which `load_target` sets to the generation config's EOS when there is one.
+  mesh: the device mesh the params are laid out on (`specjax.sharding`), None on one device;
+  `generate` runs on it.
   """
 
   config: ModelConfig
   params: nnx.State
   tokenizer: Any = None
   generation: GenerationDefaults | None = None
+  mesh: Any = None
 
   @classmethod
   def random(cls, config: ModelConfig, seed: int = 0, tokenizer: Any = None) -> Target:
@@ -71,6 +75,13 @@ class Target:
 
   def replace(self, **changes) -> Target:
     return dataclasses.replace(self, **changes)
+
+  def on_mesh(self, mesh) -> Target:
+    """This target with its params laid out on `mesh` (a Mesh or a spec such as 'dp=2,tp=4')
+    by the partition rules of `specjax.sharding`."""
+    mesh = sharding.make_mesh(mesh)
+    params = sharding.place(self.params, sharding.param_shardings(self.config, self.params, mesh))
+    return self.replace(params=params, mesh=mesh)
 
   def encode(self, text: str) -> list[int]:
     """Token ids of `text`. Whether a literal special token's text (e.g. '<|endoftext|>') becomes

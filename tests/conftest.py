@@ -1,12 +1,22 @@
-"""Shared fixtures: tiny random transformers checkpoints, built and saved once per session."""
+"""Shared fixtures: tiny random transformers checkpoints, built and saved once per session.
+
+The session runs with 8 CPU devices (set here, before JAX starts), so the multi-device tests
+share the session with the rest; arrays not placed on a mesh live on device 0 as usual.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import pathlib
 from typing import Any
 
 import pytest
+
+NUM_CPU_DEVICES = 8
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_"
+                             f"device_count={NUM_CPU_DEVICES}").strip()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,310 @@
+"""Device meshes and partition rules: how params, KV caches and batches lie across devices.
+
+A mesh has two axes, `data` (batch rows) and `model` (tensor parallelism), written as a spec
+such as `"dp=2,tp=4"` (`-1`: every remaining device). Sharding is declared as data in two tables:
+
+  * `PARAM_RULES`: an ordered table of regexes on parameter paths (`layers/0/self_attn/q_proj/
+    kernel`, a drafter's `params/layer/q_proj/kernel`) -> *logical* axes per dimension (`vocab`,
+    `heads`, `kv_heads`, `mlp`, or None). The first matching rule wins; a drafter family
+    prepends its own (`partition_rules` on its pytree class).
+  * `LOGICAL_AXES`: logical axis -> mesh axis (`batch` -> data; vocab, heads, kv_heads, mlp ->
+    model), resolved per model config by `axis_map`.
+
+Megatron-style tensor parallelism follows: q/k/v and gate/up projections are split by columns
+(heads, MLP units), o/down projections by rows, embeddings and LM heads over the vocabulary,
+norms replicated; the partitioner inserts one all-reduce after each row-parallel projection.
+
+The KV-head rule (GQA/MQA): the cache `[L, B, S, K, D]` and the k/v projections are split over
+`model` when the model axis divides the K KV heads; otherwise they are *replicated* over
+`model`, and each device computes and stores all K heads for its batch rows while its query
+heads are split. Query heads, MLP units and the vocabulary of a target must divide the model
+axis (`ShardingError` otherwise); a drafter's dimensions that do not divide are replicated
+instead (drafters are small). The cache's batch rows are split over `data`; `generate` pads a
+batch to a multiple of it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+from specjax.models.config import ModelConfig
+
+DATA, MODEL = "data", "model"
+_SPEC_NAMES = {"dp": DATA, "data": DATA, "tp": MODEL, "model": MODEL}
+
+# (regex searched in the parameter path, logical axis per dimension). Order matters.
+Rules = tuple[tuple[str, tuple[str | None, ...]], ...]
+
+PARAM_RULES: Rules = (
+    (r"embed_tokens/embedding$", ("vocab", None)),  # [V, E]; tied: also the LM head
+    (r"lm_head/kernel$", (None, "vocab")),  # [E, V]
+    (r"q_proj/kernel$", (None, "heads")),  # [E_in, H*D]
+    (r"q_proj/bias$", ("heads",)),
+    (r"(k_proj|v_proj)/kernel$", (None, "kv_heads")),  # [E_in, K*D]
+    (r"(k_proj|v_proj)/bias$", ("kv_heads",)),
+    (r"o_proj/kernel$", ("heads", None)),  # [H*D, E]: row-parallel
+    (r"(gate_proj|up_proj)/kernel$", (None, "mlp")),  # [E, F]
+    (r"(gate_proj|up_proj)/bias$", ("mlp",)),
+    (r"down_proj/kernel$", ("mlp", None)),  # [F, E]: row-parallel
+    (r"^head$", (None, "vocab")),  # a drafter's frozen copy of the target's head [E, Vd]
+    (r".*", ()),  # norms, row-parallel biases, index tables: replicated
+)
+
+# The KV cache [L, B, S, K, D] and a batch-leading array [B, ...].
+CACHE_AXES = (None, "batch", None, "kv_heads", None)
+BATCH_AXES = ("batch",)
+
+LOGICAL_AXES = {"batch": DATA, "vocab": MODEL, "heads": MODEL, "kv_heads": MODEL, "mlp": MODEL}
+
+
+class ShardingError(ValueError):
+  """A mesh or a model that cannot be laid out as asked (the message names the problem)."""
+
+
+# -- meshes ------------------------------------------------------------------------------------
+
+
+def parse_mesh_spec(spec: str, num_devices: int) -> dict[str, int]:
+  """`"dp=2,tp=4"` -> {"data": 2, "model": 4}; one size may be -1 (the remaining devices); an
+  axis left out has size 1. The sizes must multiply to `num_devices`."""
+  if not isinstance(spec, str) or not spec.strip():
+    raise ShardingError(f"mesh spec must be a string such as 'dp=2,tp=4', got {spec!r}")
+  sizes: dict[str, int] = {}
+  for item in spec.replace(" ", "").split(","):
+    name, eq, value = item.partition("=")
+    if not eq or name not in _SPEC_NAMES:
+      raise ShardingError(f"mesh spec {spec!r}: {item!r} is not dp=N or tp=N (N an int or -1)")
+    axis = _SPEC_NAMES[name]
+    if axis in sizes:
+      raise ShardingError(f"mesh spec {spec!r} names the {axis} axis twice")
+    try:
+      sizes[axis] = int(value)
+    except ValueError:
+      raise ShardingError(f"mesh spec {spec!r}: size {value!r} is not an int") from None
+    if sizes[axis] == 0 or sizes[axis] < -1:
+      raise ShardingError(f"mesh spec {spec!r}: axis sizes are positive ints or -1")
+  free = [a for a, n in sizes.items() if n == -1]
+  if len(free) > 1:
+    raise ShardingError(f"mesh spec {spec!r}: only one axis may be -1")
+  fixed = math.prod(n for n in sizes.values() if n != -1)
+  if free:
+    if num_devices % fixed:
+      raise ShardingError(f"mesh spec {spec!r}: {num_devices} devices do not split into "
+                          f"{fixed} x -1")
+    sizes[free[0]] = num_devices // fixed
+  out = {DATA: sizes.get(DATA, 1), MODEL: sizes.get(MODEL, 1)}
+  if math.prod(out.values()) != num_devices:
+    raise ShardingError(f"mesh spec {spec!r} needs {math.prod(out.values())} devices, but "
+                        f"{num_devices} are available (use -1 for 'all remaining')")
+  return out
+
+
+def make_mesh(spec: str | Mesh | None = None, *, devices: Sequence[Any] | None = None) -> Mesh:
+  """The (data, model) mesh of `spec` over `devices` (default: every device of every process).
+
+  None is all devices on `data`; a Mesh is returned as it is (its axes must be data and model).
+  Axes are `AxisType.Auto`: the partitioner propagates the declared shardings through the
+  program, so the model code is the same on one device and on a mesh.
+  """
+  if isinstance(spec, Mesh):
+    if set(spec.axis_names) != {DATA, MODEL}:
+      raise ShardingError(f"a specjax mesh has axes ('data', 'model'), got {spec.axis_names}")
+    return spec
+  devices = list(jax.devices() if devices is None else devices)
+  sizes = parse_mesh_spec("dp=-1" if spec is None else spec, len(devices))
+  return jax.make_mesh((sizes[DATA], sizes[MODEL]), (DATA, MODEL),
+                       axis_types=(AxisType.Auto, AxisType.Auto), devices=devices)
+
+
+def mesh_spec(mesh: Mesh) -> str:
+  """The spec string of a mesh, e.g. 'dp=2,tp=4'."""
+  return f"dp={mesh.shape[DATA]},tp={mesh.shape[MODEL]}"
+
+
+def data_size(mesh: Mesh | None) -> int:
+  return 1 if mesh is None else mesh.shape[DATA]
+
+
+def model_size(mesh: Mesh | None) -> int:
+  return 1 if mesh is None else mesh.shape[MODEL]
+
+
+# -- logical axes -> mesh axes -----------------------------------------------------------------
+
+
+def axis_map(cfg: ModelConfig | None, mesh: Mesh, *, strict: bool) -> dict[str, str | None]:
+  """Logical axis -> mesh axis for a model of `cfg` on `mesh`.
+
+  `kv_heads` falls back to replicated when the model axis does not divide the KV heads (the
+  KV-head rule). For `strict` (a target), query heads, MLP units and vocabulary that the model
+  axis does not divide raise ShardingError; otherwise they are replicated too.
+  """
+  tp = model_size(mesh)
+  amap = dict(LOGICAL_AXES)
+  if cfg is None or tp == 1:
+    return amap
+  if cfg.num_kv_heads % tp:
+    amap["kv_heads"] = None
+  checks = {"heads": ("num_attention_heads", cfg.num_heads),
+            "mlp": ("intermediate_size", cfg.intermediate_size),
+            "vocab": ("vocab_size", cfg.vocab_size)}
+  for axis, (field, n) in checks.items():
+    if n % tp:
+      if strict:
+        raise ShardingError(f"{field} {n} of this {cfg.hf_architecture} is not divisible by "
+                            f"the model axis ({tp}): use a mesh whose tp divides {n}")
+      amap[axis] = None
+  if amap["heads"] is not None and amap["kv_heads"] is None and tp % cfg.num_kv_heads:
+    # Each device's query heads must fall inside one KV group (split or replicated cleanly).
+    if strict:
+      raise ShardingError(f"{cfg.num_kv_heads} KV heads neither divide nor are divided by the "
+                          f"model axis ({tp}): use a tp that is a multiple or a divisor of "
+                          f"{cfg.num_kv_heads}")
+    amap["heads"] = None
+  return amap
+
+
+def _key_name(k) -> str:
+  for attr in ("name", "key", "idx"):
+    if hasattr(k, attr):
+      return str(getattr(k, attr))
+  return str(k)
+
+
+def path_str(path: tuple) -> str:
+  """A pytree key path as `a/b/0/c` (nnx Variables' `.value` / `.raw_value` dropped)."""
+  names = [_key_name(k) for k in path]
+  while names and names[-1] in ("value", "raw_value"):
+    names.pop()
+  return "/".join(names)
+
+
+def _spec_for(path: str, shape: tuple[int, ...], rules: Rules, amap: dict[str, str | None],
+              mesh: Mesh, strict: bool, what: str) -> PartitionSpec:
+  logical = next((axes for pattern, axes in rules if re.search(pattern, path)), ())
+  if len(logical) > len(shape):
+    logical = ()  # a rule written for another rank (e.g. a scalar): replicate
+  axes: list[str | None] = []
+  for dim, name in zip(shape, logical):
+    axis = amap.get(name) if name else None
+    if axis is not None and dim % mesh.shape[axis]:
+      if strict:
+        raise ShardingError(f"{what} {path}: dimension of size {dim} ({name}) is not divisible "
+                            f"by the {axis} axis ({mesh.shape[axis]})")
+      axis = None
+    axes.append(axis)
+  return PartitionSpec(*axes)
+
+
+def partition_specs(tree: Any, rules: Rules, amap: dict[str, str | None], mesh: Mesh, *,
+                    strict: bool = False, what: str = "parameter") -> Any:
+  """The PartitionSpec of every array leaf of `tree` (arrays or ShapeDtypeStructs) under
+  `rules`; non-array leaves (None) stay as they are."""
+  def one(path, leaf):
+    if not hasattr(leaf, "shape"):
+      return None
+    return _spec_for(path_str(path), tuple(leaf.shape), rules, amap, mesh, strict, what)
+  return jax.tree_util.tree_map_with_path(one, tree)
+
+
+def shardings(tree: Any, rules: Rules, amap: dict[str, str | None], mesh: Mesh, *,
+              strict: bool = False, what: str = "parameter") -> Any:
+  """`partition_specs` as NamedShardings on `mesh`."""
+  return jax.tree.map(lambda s: NamedSharding(mesh, s),
+                      partition_specs(tree, rules, amap, mesh, strict=strict, what=what),
+                      is_leaf=lambda x: isinstance(x, PartitionSpec))
+
+
+def place(tree: Any, tree_shardings: Any) -> Any:
+  """`jax.device_put` leaf by leaf (a leaf already laid out so is not copied)."""
+  return jax.tree.map(lambda x, s: x if s is None else jax.device_put(x, s), tree,
+                      tree_shardings, is_leaf=lambda x: x is None)
+
+
+# -- what a target, a drafter and a cache get --------------------------------------------------
+
+
+def param_shardings(cfg: ModelConfig, params: Any, mesh: Mesh) -> Any:
+  """NamedShardings of a target's params (strict: a target must split as the rules say)."""
+  return shardings(params, PARAM_RULES, axis_map(cfg, mesh, strict=True), mesh, strict=True)
+
+
+def drafter_rules(drafter: Any) -> Rules:
+  """A drafter family's own rules (its class's `partition_rules`), then the common table."""
+  return tuple(getattr(drafter, "partition_rules", ())) + PARAM_RULES
+
+
+def drafter_shardings(drafter: Any, target_cfg: ModelConfig, mesh: Mesh) -> Any:
+  """NamedShardings of a drafter pytree's array leaves. Dimensions are resolved against the
+  drafter's own network config (`partition_config`, e.g. a draft LM's) or the target's, and
+  whatever does not divide is replicated."""
+  cfg = getattr(drafter, "partition_config", None) or target_cfg
+  return shardings(drafter, drafter_rules(drafter), axis_map(cfg, mesh, strict=False), mesh,
+                   what="drafter leaf")
+
+
+def shard_drafter(drafter: Any, target_cfg: ModelConfig, mesh: Mesh) -> Any:
+  """The drafter with its arrays placed on `mesh` (a no-op for one already placed)."""
+  return place(drafter, drafter_shardings(drafter, target_cfg, mesh))
+
+
+def logical_spec(logical: tuple[str | None, ...], amap: dict[str, str | None]) -> PartitionSpec:
+  return PartitionSpec(*(amap.get(n) if n else None for n in logical))
+
+
+def cache_spec(cfg: ModelConfig, mesh: Mesh) -> PartitionSpec:
+  """[L, B, S, K, D]: rows over data, KV heads over model (or replicated: the KV-head rule)."""
+  return logical_spec(CACHE_AXES, axis_map(cfg, mesh, strict=False))
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+  """Leading (batch) dimension over `data`, the rest replicated."""
+  return NamedSharding(mesh, PartitionSpec(DATA))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, PartitionSpec())
+
+
+def padded_batch(batch: int, mesh: Mesh | None) -> int:
+  """The smallest multiple of the data axis that holds `batch` rows."""
+  dp = data_size(mesh)
+  return -(-batch // dp) * dp
+
+
+# -- building arrays from host data without a full copy per device ----------------------------
+
+
+def from_host_slices(shape: tuple[int, ...], dtype, sharding: NamedSharding,
+                     read: Callable[[tuple[slice, ...]], np.ndarray]) -> jax.Array:
+  """A global array of `shape` laid out by `sharding`, each addressable shard built from
+  `read(index)` (e.g. a slice read from a safetensors file): no device, and no host, ever holds
+  more of the tensor than its shards. In a multi-process run each process reads only its own."""
+  def shard(index):
+    index = tuple(index) + (slice(None),) * (len(shape) - len(index))
+    return np.asarray(read(index)).astype(dtype, copy=False)
+  return jax.make_array_from_callback(shape, sharding, shard)
+
+
+def bytes_per_device(tree: Any) -> dict[int, int]:
+  """Bytes each device (by id) holds of the arrays in `tree` (addressable shards only)."""
+  out: dict[int, int] = {}
+  for leaf in jax.tree.leaves(tree):
+    if isinstance(leaf, jax.Array):
+      for s in leaf.addressable_shards:
+        out[s.device.id] = out.get(s.device.id, 0) + int(s.data.nbytes)
+  return out
+
+
+def describe(mesh: Mesh | None) -> str:
+  """One line: the mesh spec and its devices' platform, e.g. 'dp=2,tp=4 over 8 cpu devices'."""
+  if mesh is None:
+    return f"1 {jax.devices()[0].platform} device"
+  return f"{mesh_spec(mesh)} over {mesh.size} {mesh.devices.flat[0].platform} devices"
