@@ -44,6 +44,11 @@ class DraftLM:
   def num_nodes(self) -> int:
     return self.num_tokens
 
+  @property
+  def partition_config(self) -> ModelConfig:
+    """The draft LM is a decoder: the target's rules, resolved against its own config."""
+    return self.config
+
   def init(self, target: TargetView, prefill: Prefill) -> DraftLMState:
     b, p = prefill.prompt.shape
     prompt_len = prefill.hist_len - 1

@@ -144,6 +144,11 @@ class EagleDrafter(learned.LearnedDrafter):
     return self.total_tokens
 
   @property
+  def partition_config(self):
+    """The draft layer's own shapes decide how its heads split (`specjax.sharding`)."""
+    return self.net.model
+
+  @property
   def _tree_slots(self) -> int:
     return (self.depth - 1) * self.top_k
 

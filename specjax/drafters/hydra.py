@@ -80,6 +80,8 @@ def _ancestors(template: trees.TreeTemplate, node: int) -> list[int]:
 
 @struct.dataclass
 class Hydra(StaticTreeDrafter):
+  # Megatron pairs per head: w_in by columns, w_res by rows (one all-reduce per head).
+  partition_rules = ((r"w_in$", (None, "mlp")), (r"w_res$", ("mlp", None)))
 
   def draft(self, target: TargetView, state: HeadState, ctx: DraftContext):
     heads = learned.merge(HydraHeads, self.net, self.params).heads

@@ -26,7 +26,7 @@ from flax import nnx
 from safetensors import SafetensorError, safe_open
 from safetensors.flax import save_file
 
-from specjax import assets, config_utils
+from specjax import assets, config_utils, sharding
 from specjax.drafters import learned, registry
 from specjax.interop.tokenizer import tokenizer_fingerprint
 from specjax.models.config import ModelConfig
@@ -134,7 +134,8 @@ def _read_tensors(path) -> dict[str, np.ndarray]:
 
 def load_drafter(path: str | os.PathLike, target, **tree_options):
   """Loads a learned drafter for `target` (a `specjax.Target`); tree_options override the
-  family's tree shape (Medusa/Hydra: `choices`; EAGLE/EAGLE-3: depth, top_k, total_tokens)."""
+  family's tree shape (Medusa/Hydra: `choices`; EAGLE/EAGLE-3: depth, top_k, total_tokens).
+  On a target with a mesh the drafter is laid out on it (`specjax.sharding.shard_drafter`)."""
   config = read_config(path)
   fam = family(config["method"])
   check_target(config, target, path)
@@ -156,7 +157,10 @@ def load_drafter(path: str | os.PathLike, target, **tree_options):
   params = params_from_tensors(fam, net, tensors, path)
   options = dict(config.get("tree", {}))
   options.update({k: v for k, v in tree_options.items() if v is not None})
-  return fam.assemble(net, params, jnp.asarray(d2t), target, hidden_layers, **options)
+  drafter = fam.assemble(net, params, jnp.asarray(d2t), target, hidden_layers, **options)
+  if target.mesh is not None:  # read once on the host, then each device gets its shards
+    drafter = sharding.shard_drafter(drafter, target.config, target.mesh)
+  return drafter
 
 
 def set_default_tree(path: str | os.PathLike, **tree_options) -> None:

@@ -50,6 +50,8 @@ class MedusaHeads(nnx.Module):
 
 @struct.dataclass
 class Medusa(StaticTreeDrafter):
+  # Each head's [E, E] block by columns (its bias with it); the residual re-joins them.
+  partition_rules = ((r"params/weight$", (None, None, "mlp")), (r"params/bias$", (None, "mlp")))
 
   def draft(self, target: TargetView, state: HeadState, ctx: DraftContext):
     heads = learned.merge(MedusaHeads, self.net, self.params)

@@ -15,6 +15,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from specjax import sharding
 from specjax.drafters.base import Drafter
 from specjax.target import Target
 
@@ -77,8 +78,12 @@ def describe(name: str) -> str:
 
 def build(name: str, target: Target, **options) -> Drafter:
   """Builds drafter `name` for `target`; its builder raises ValueError for what cannot work
-  (e.g. a draft LM of another vocabulary). `available` answers for the default options."""
-  return _entry(name).build(target, **options)
+  (e.g. a draft LM of another vocabulary). `available` answers for the default options.
+  On a target with a mesh the drafter's arrays are placed on it by its partition rules."""
+  drafter = _entry(name).build(target, **options)
+  if target.mesh is not None:
+    drafter = sharding.shard_drafter(drafter, target.config, target.mesh)
+  return drafter
 
 
 def _entry(name: str) -> _Entry:

@@ -10,10 +10,11 @@ linear kernels are stored transposed (`[out, in]` in torch, `[in, out]` in Flax)
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
-from collections.abc import Iterator
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -22,7 +23,7 @@ from flax import nnx
 from safetensors import SafetensorError, safe_open
 from safetensors.flax import save_file
 
-from specjax import config_utils
+from specjax import config_utils, sharding
 from specjax.interop.tokenizer import (
   TOKENIZER_CONFIG_FILE,
   TOKENIZER_FILE,
@@ -88,45 +89,104 @@ def _weight_files(path: str) -> tuple[list[str], dict[str, str] | None]:
   raise ValueError(f"no weights in {path}: expected {_SINGLE} or {_INDEX}")
 
 
-def _iter_tensors(path: str) -> Iterator[tuple[str, jax.Array]]:
-  files, _ = _weight_files(path)
-  for name in files:
-    file = os.path.join(path, name)
+class _TensorSource(Protocol):
+  """HF-named tensors, read whole or by slice (in the checkpoint's own, torch, layout)."""
+
+  shapes: dict[str, tuple[int, ...]]
+
+  def read(self, name: str, index: tuple[slice, ...] | None = None) -> np.ndarray:
+    ...
+
+
+class _DictSource:
+  def __init__(self, tensors: dict[str, Any]):
+    self._tensors = tensors
+    self.shapes = {k: tuple(v.shape) for k, v in tensors.items()}
+
+  def read(self, name, index=None):
+    value = np.asarray(self._tensors[name])
+    return value if index is None else value[index]
+
+
+class _SafetensorsSource:
+  """The tensors of a folder's safetensors file(s), opened once (memory-mapped) and read lazily:
+  a slice read touches only that slice's bytes."""
+
+  def __init__(self, path: str, stack: contextlib.ExitStack):
+    self.shapes, self._slices, self._files = {}, {}, {}
+    files, _ = _weight_files(path)
+    for name in files:
+      file = os.path.join(path, name)
+      try:
+        handle = stack.enter_context(safe_open(file, framework="numpy"))
+        for key in handle.keys():
+          self._slices[key] = handle.get_slice(key)
+          self.shapes[key] = tuple(self._slices[key].get_shape())
+          self._files[key] = file
+      except (SafetensorError, OSError) as e:
+        raise ValueError(f"cannot read weights file {file}: {e}") from e
+
+  def read(self, name, index=None):
+    tensor = self._slices[name]
     try:
-      with safe_open(file, framework="flax") as f:
-        for key in f.keys():
-          yield key, f.get_tensor(key)
-    except (SafetensorError, OSError) as e:
-      raise ValueError(f"cannot read weights file {file}: {e}") from e
+      return tensor[:] if index is None else tensor[index]
+    except (SafetensorError, OSError, ValueError) as e:
+      raise ValueError(f"cannot read tensor {name!r} of {self._files[name]}: {e}") from e
 
 
-def params_from_hf_tensors(cfg: ModelConfig, tensors: dict[str, jax.Array]) -> nnx.State:
-  """Builds params from HF-named tensors; every expected tensor must be present with its shape."""
-  abstract = decoder.abstract_params(cfg)
-  expected = {hf_name(p): p for p, _ in nnx.to_flat_state(abstract)}
-  unexpected = sorted(set(tensors) - set(expected) - {"lm_head.weight"}
-                      - {k for k in tensors if k.endswith(_IGNORED_SUFFIXES)})
+def _check_tensor_names(cfg: ModelConfig, source: _TensorSource, expected: set[str]) -> None:
+  names = set(source.shapes)
+  unexpected = sorted(names - expected - {"lm_head.weight"}
+                      - {k for k in names if k.endswith(_IGNORED_SUFFIXES)})
   if unexpected:
     raise ValueError(f"checkpoint has tensors this {cfg.hf_architecture} config does not use: "
                      f"{unexpected[:5]}{' ...' if len(unexpected) > 5 else ''}")
-  if "lm_head.weight" in tensors and "lm_head.weight" not in expected and not np.array_equal(
-      np.asarray(tensors["lm_head.weight"]),
-      np.asarray(tensors.get("model.embed_tokens.weight"))):
+  if "lm_head.weight" in names and "lm_head.weight" not in expected and (
+      "model.embed_tokens.weight" not in names or not np.array_equal(
+          source.read("lm_head.weight"), source.read("model.embed_tokens.weight"))):
     raise ValueError("config says tie_word_embeddings=true but lm_head.weight differs from "
                      "model.embed_tokens.weight")
+
+
+def _params_from_source(cfg: ModelConfig, source: _TensorSource, mesh=None) -> nnx.State:
+  """Params from HF-named tensors: every expected tensor present with its shape. Without a mesh
+  each tensor becomes one array on the default device; on a mesh each device's shard is read
+  from the source alone (`sharding.from_host_slices`), so no device and no host holds a whole
+  copy of a sharded tensor."""
+  abstract = decoder.abstract_params(cfg)
+  _check_tensor_names(cfg, source, {hf_name(p) for p, _ in nnx.to_flat_state(abstract)})
+  layout = None if mesh is None else {  # path -> NamedSharding (the Variable's value)
+      p: v.value for p, v in nnx.to_flat_state(sharding.param_shardings(cfg, abstract, mesh))}
   flat = []
   for path, var in nnx.to_flat_state(abstract):
     name = hf_name(path)
-    if name not in tensors:
+    if name not in source.shapes:
       raise ValueError(f"missing tensor {name!r} in checkpoint")
-    value = tensors[name]
-    value = jnp.transpose(value) if _is_kernel(path) else value
-    if value.shape != var.shape:
-      raise ValueError(f"tensor {name!r} has shape {tuple(tensors[name].shape)}, expected "
-                       f"{tuple(reversed(var.shape)) if _is_kernel(path) else tuple(var.shape)}"
+    kernel = _is_kernel(path)
+    stored = source.shapes[name]
+    if (tuple(reversed(stored)) if kernel else stored) != tuple(var.shape):
+      raise ValueError(f"tensor {name!r} has shape {stored}, expected "
+                       f"{tuple(reversed(var.shape)) if kernel else tuple(var.shape)}"
                        f" for this config")
-    flat.append((path, var.replace(jnp.asarray(value, dtype=var.dtype))))
+
+    def read(index=None, name=name, kernel=kernel):
+      if kernel:  # torch [out, in] on disk; the param is its transpose
+        return source.read(name, None if index is None else index[::-1]).T
+      return source.read(name, index)
+
+    if layout is None:
+      value = jnp.asarray(read(), dtype=var.dtype)
+    else:
+      value = sharding.from_host_slices(tuple(var.shape), var.dtype, layout[path], read)
+    flat.append((path, var.replace(value)))
   return nnx.from_flat_state(flat)
+
+
+def params_from_hf_tensors(cfg: ModelConfig, tensors: dict[str, Any], mesh=None
+                           ) -> nnx.State:
+  """Builds params from HF-named tensors; every expected tensor must be present with its shape.
+  mesh: lay them out on it by the partition rules (`specjax.sharding`)."""
+  return _params_from_source(cfg, _DictSource(tensors), mesh)
 
 
 def read_generation_config(path: str | os.PathLike) -> GenerationDefaults | None:
@@ -137,7 +197,7 @@ def read_generation_config(path: str | os.PathLike) -> GenerationDefaults | None
 
 def load_target(path: str | os.PathLike, dtype: str | None = None, *,
                 compute_dtype: str = "float32", attention_impl: str = "xla",
-                tokenizer: bool = True) -> Target:
+                tokenizer: bool = True, mesh=None) -> Target:
   """Loads an HF-format folder (config.json + safetensors [+ tokenizer files]) as a `Target`.
 
   dtype: how the parameters are stored, "float32" or "bfloat16" (default: the checkpoint's own).
@@ -148,6 +208,8 @@ def load_target(path: str | os.PathLike, dtype: str | None = None, *,
   `config.eos_token_id` holds the ids in force and `generation` what the file said.
   Tokenizer: `tokenizer.json` with `tokenizer_config.json`'s `split_special_tokens` (default
   false, as in transformers).
+  mesh: a device mesh (or a spec such as 'dp=2,tp=4', `specjax.sharding`): each tensor is read
+  slice by slice straight onto its shards (no whole copy per device), and the target runs there.
   """
   path = os.fspath(path)
   config_file = os.path.join(path, "config.json")
@@ -166,12 +228,14 @@ def load_target(path: str | os.PathLike, dtype: str | None = None, *,
         raise ValueError(f"{os.path.join(path, _GENERATION)}: eos_token_id {e} outside the "
                          f"vocabulary [0, {cfg.vocab_size})")
     cfg = cfg.replace(eos_token_id=generation.eos_token_id)
-  params = params_from_hf_tensors(cfg, dict(_iter_tensors(path)))
+  mesh = None if mesh is None else sharding.make_mesh(mesh)
+  with contextlib.ExitStack() as stack:
+    params = _params_from_source(cfg, _SafetensorsSource(path, stack), mesh)
   tok = None
   if tokenizer and os.path.exists(os.path.join(path, TOKENIZER_FILE)):
     tok = apply_tokenizer_config(load_tokenizer(path, vocab_size=cfg.vocab_size),
                                  read_tokenizer_config(path))
-  return Target(cfg, params, tok, generation)
+  return Target(cfg, params, tok, generation, mesh)
 
 
 # -- writing -----------------------------------------------------------------------------------

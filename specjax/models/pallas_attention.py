@@ -20,9 +20,11 @@ imported on the first `get_attention_impl("pallas")`, so the rest of specjax nev
 from __future__ import annotations
 
 import jax
+from jax.sharding import PartitionSpec as P
 
 from pallas_kernels.tree_attention import pack_tree_mask, tree_attention
 from specjax.models.attention import xla_attention
+from specjax.sharding import DATA, MODEL
 
 MAX_TREE_TOKENS = 128  # longest block (tree + root, or prompt bucket) sent to the kernel
 
@@ -36,9 +38,55 @@ def kernel_applies(q, k, length) -> bool:
           and (backend == "tpu" or pow2_head))
 
 
-def pallas_attention(q, k, v, length, new_mask, *, sm_scale):
-  """AttentionFn: q [B, T, H, D], k/v [B, S, K, D], length int32[B] | None, new_mask [B, T, T]."""
-  if not kernel_applies(q, k, length):
-    return xla_attention(q, k, v, length, new_mask, sm_scale=sm_scale)
+def _kernel(q, k, v, length, new_mask, sm_scale):
   return tree_attention(q, k, v, length, pack_tree_mask(new_mask), sm_scale=sm_scale,
                         interpret=jax.default_backend() == "cpu")
+
+
+def _mesh():
+  """The (data, model) mesh being traced under (`jax.set_mesh`), or None."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or set(mesh.axis_names) != {DATA, MODEL} or mesh.size == 1:
+    return None
+  return mesh
+
+
+def _sharded_kernel(mesh, q, k, v, length, new_mask, sm_scale):
+  """The kernel per device under `shard_map`: batch rows over `data`, query heads over `model`.
+
+  A Pallas call is opaque to the partitioner (left alone it would be run replicated on gathered
+  inputs), so each device runs it on its own rows and heads. KV heads follow the KV-head rule of
+  `specjax.sharding`: split with the query heads when the model axis divides them; otherwise
+  replicated, and each device slices out the one KV head its query heads share (the model axis
+  is then a multiple of the KV heads). Heads that do not split that way stay whole.
+  """
+  b, _, h, _ = q.shape
+  kv = k.shape[2]
+  dp, tp = mesh.shape[DATA], mesh.shape[MODEL]
+  rows = DATA if b % dp == 0 else None
+  split_kv = kv % tp == 0
+  heads = MODEL if h % tp == 0 and (split_kv or tp % kv == 0) else None
+  kv_axis = MODEL if heads and split_kv else None
+  group, local_heads = h // kv, h // tp
+
+  def body(q, k, v, length, new_mask):
+    if heads and not split_kv:  # this device's query heads all read KV head `first // group`
+      first = jax.lax.axis_index(MODEL) * local_heads
+      k = jax.lax.dynamic_slice_in_dim(k, first // group, 1, axis=2)
+      v = jax.lax.dynamic_slice_in_dim(v, first // group, 1, axis=2)
+    return _kernel(q, k, v, length, new_mask, sm_scale)
+
+  qs, kvs = P(rows, None, heads, None), P(rows, None, kv_axis, None)
+  return jax.shard_map(body, mesh=mesh, in_specs=(qs, kvs, kvs, P(rows), P(rows, None, None)),
+                       out_specs=qs, check_vma=False)(q, k, v, length, new_mask)
+
+
+def pallas_attention(q, k, v, length, new_mask, *, sm_scale):
+  """AttentionFn: q [B, T, H, D], k/v [B, S, K, D], length int32[B] | None, new_mask [B, T, T].
+  Traced under a device mesh (as `generate` traces on one), the kernel runs per device."""
+  if not kernel_applies(q, k, length):
+    return xla_attention(q, k, v, length, new_mask, sm_scale=sm_scale)
+  mesh = _mesh()
+  if mesh is None:
+    return _kernel(q, k, v, length, new_mask, sm_scale)
+  return _sharded_kernel(mesh, q, k, v, length, new_mask, sm_scale)
