@@ -57,9 +57,10 @@ PARAM_RULES: Rules = (
     (r".*", ()),  # norms, row-parallel biases, index tables: replicated
 )
 
-# The KV cache [L, B, S, K, D] and a batch-leading array [B, ...].
+# The KV cache [L, B, S, K, D]; queries [B, T, H, D] and new keys / values [B, T, K, D].
 CACHE_AXES = (None, "batch", None, "kv_heads", None)
-BATCH_AXES = ("batch",)
+HEADS_AXES = ("batch", None, "heads", None)
+KV_AXES = ("batch", None, "kv_heads", None)
 
 LOGICAL_AXES = {"batch": DATA, "vocab": MODEL, "heads": MODEL, "kv_heads": MODEL, "mlp": MODEL}
 
@@ -257,6 +258,24 @@ def shard_drafter(drafter: Any, target_cfg: ModelConfig, mesh: Mesh) -> Any:
 
 def logical_spec(logical: tuple[str | None, ...], amap: dict[str, str | None]) -> PartitionSpec:
   return PartitionSpec(*(amap.get(n) if n else None for n in logical))
+
+
+def constrain(x: jax.Array, logical: tuple[str | None, ...]) -> jax.Array:
+  """Pins `x`'s layout to logical axes per dimension when traced under a (data, model) mesh
+  (`jax.set_mesh`, as `generate` traces); a no-op otherwise. A dimension that its mesh axis does
+  not divide stays whole (e.g. KV heads: the KV-head rule).
+
+  Model code marks the few places where the partitioner's own choice would be costly: without
+  them it may split a replicated KV cache along a sub-axis to match the query heads' split and
+  gather it back every layer."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or set(mesh.axis_names) != {DATA, MODEL}:
+    return x
+  axes = []
+  for dim, name in zip(x.shape, logical):
+    axis = LOGICAL_AXES.get(name) if name else None
+    axes.append(axis if axis is not None and dim % mesh.shape[axis] == 0 else None)
+  return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, PartitionSpec(*axes)))
 
 
 def cache_spec(cfg: ModelConfig, mesh: Mesh) -> PartitionSpec:

@@ -9,6 +9,9 @@ A forward pass over T new tokens writes their keys and values at slots `[length,
 without advancing `length`. `commit` then keeps a chosen subset of those T slots (the accepted
 path of a draft tree), compacts it to `[length, length + n)` and advances `length` by n. Rolling
 back a rejected draft is therefore nothing more than *not* advancing `length`.
+
+On a device mesh the rows lie over `data` and the KV heads over `model` (`specjax.sharding`);
+writes and commits are row-wise ops that keep that layout.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from flax import struct
+
+from specjax import sharding
 
 
 @struct.dataclass
@@ -45,12 +50,11 @@ class KVCache:
     The caller guarantees `length + T <= S` (generate sizes the cache so); writes past the end are
     dropped rather than wrapped, so a violation can never overwrite committed entries.
     """
-    b, t = k_new.shape[:2]
-    rows = jnp.arange(b)[:, None]  # [B, 1]
+    t = k_new.shape[1]
     slots = self.length[:, None] + jnp.arange(t)[None, :]  # [B, T]
-    k = self.k.at[layer, rows, slots].set(k_new.astype(self.k.dtype), mode="drop")
-    v = self.v.at[layer, rows, slots].set(v_new.astype(self.v.dtype), mode="drop")
-    return self.replace(k=k, v=v)
+    k = self.k.at[layer].set(_put_rows(self.k[layer], k_new.astype(self.k.dtype), slots))
+    v = self.v.at[layer].set(_put_rows(self.v[layer], v_new.astype(self.v.dtype), slots))
+    return self._pinned(k, v)
 
   def commit(self, keep: jax.Array, n_keep: jax.Array) -> KVCache:
     """Keeps slots `length + keep[b, :n_keep[b]]` of the last write and advances `length`.
@@ -61,14 +65,36 @@ class KVCache:
     Entries are gathered into `[length, length + n_keep)` for every layer at once. Slots past the
     new length receive garbage, which is harmless: they are masked until overwritten.
     """
-    b, t = keep.shape
-    rows = jnp.arange(b)[:, None]
+    t = keep.shape[1]
     src = self.length[:, None] + keep  # [B, T]
     dst = self.length[:, None] + jnp.arange(t)[None, :]  # [B, T]
-    k = self.k.at[:, rows, dst].set(self.k[:, rows, src], mode="drop")
-    v = self.v.at[:, rows, dst].set(self.v[:, rows, src], mode="drop")
-    return self.replace(k=k, v=v, length=self.length + n_keep.astype(jnp.int32))
+    return self._pinned(_move_rows(self.k, src, dst), _move_rows(self.v, src, dst)).replace(
+        length=self.length + n_keep.astype(jnp.int32))
+
+  def _pinned(self, k: jax.Array, v: jax.Array) -> KVCache:
+    """The cache with new k, v pinned to the cache layout on a mesh (`sharding.CACHE_AXES`)."""
+    return self.replace(k=sharding.constrain(k, sharding.CACHE_AXES),
+                        v=sharding.constrain(v, sharding.CACHE_AXES))
 
   def advance(self, n: jax.Array) -> KVCache:
     """Commits the first `n[b]` slots of the last write as they are (a chain or a prefill)."""
     return self.replace(length=self.length + n.astype(jnp.int32))
+
+
+# Row-wise (vmapped) scatters and gathers: the batch is an explicit batching dimension of each
+# op, so on a mesh whose `data` axis splits the rows every device updates its own rows in place
+# (indexing with a broadcast `arange(B)` instead reads as a cross-row gather, and the
+# partitioner would gather the cache to apply it).
+
+
+@jax.vmap
+def _put_rows(cache: jax.Array, new: jax.Array, slots: jax.Array) -> jax.Array:
+  """cache [B, S, K, D] with new [B, T, K, D] at slots [B, T]; slots past S are dropped."""
+  return cache.at[slots].set(new, mode="drop")
+
+
+def _move_rows(cache: jax.Array, src: jax.Array, dst: jax.Array) -> jax.Array:
+  """cache [L, B, S, K, D] with, per row, slots src [B, T] copied to dst [B, T] in every layer."""
+  def move(rows, src, dst):  # rows: [L, S, K, D] of one batch row
+    return rows.at[:, dst].set(rows[:, src], mode="drop")
+  return jax.vmap(move, in_axes=(1, 0, 0), out_axes=1)(cache, src, dst)

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from specjax import sharding
 from specjax.models.attention import AttentionFn
 from specjax.models.cache import KVCache
 from specjax.models.config import ModelConfig, RopeScaling
@@ -119,6 +120,8 @@ class Attention(nnx.Module):
   def __call__(self, x, cos, sin, new_mask, cache: KVCache | None, layer: int,
                attn_fn: AttentionFn) -> tuple[jax.Array, KVCache | None]:
     q, k, v = self.project(x, cos, sin)
+    q = sharding.constrain(q, sharding.HEADS_AXES)
+    k, v = (sharding.constrain(a, sharding.KV_AXES) for a in (k, v))
     if cache is None:  # no prefix: attend among the new tokens only (training, full forward)
       out = attn_fn(q, k, v, None, new_mask, sm_scale=self.sm_scale)
     else:
