@@ -156,7 +156,7 @@ def _params_from_source(cfg: ModelConfig, source: _TensorSource, mesh=None) -> n
   abstract = decoder.abstract_params(cfg)
   _check_tensor_names(cfg, source, {hf_name(p) for p, _ in nnx.to_flat_state(abstract)})
   layout = None if mesh is None else {  # path -> NamedSharding (the Variable's value)
-      p: v.value for p, v in nnx.to_flat_state(sharding.param_shardings(cfg, abstract, mesh))}
+      p: v.get_value() for p, v in nnx.to_flat_state(sharding.param_shardings(cfg, abstract, mesh))}
   flat = []
   for path, var in nnx.to_flat_state(abstract):
     name = hf_name(path)

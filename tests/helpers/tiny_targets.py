@@ -24,12 +24,15 @@ SCALE = 16.0
 
 
 def config(vocab_size: int, *, num_layers: int = 2, hidden_size: int = 32,
-           max_position_embeddings: int = 256) -> specjax.ModelConfig:
-  """A tiny Qwen3 (GQA 2:1, q/k-norm, untied head); eos_token_id empty: no stop by default."""
+           max_position_embeddings: int = 256, num_heads: int = 2,
+           num_kv_heads: int = 1) -> specjax.ModelConfig:
+  """A tiny Qwen3 (GQA 2:1 by default, q/k-norm, untied head); eos_token_id empty: no stop by
+  default."""
   return specjax.ModelConfig(
       architecture="qwen3", vocab_size=vocab_size, hidden_size=hidden_size,
-      intermediate_size=2 * hidden_size, num_layers=num_layers, num_heads=2, num_kv_heads=1,
-      head_dim=16, qk_norm=True, max_position_embeddings=max_position_embeddings)
+      intermediate_size=2 * hidden_size, num_layers=num_layers, num_heads=num_heads,
+      num_kv_heads=num_kv_heads, head_dim=16, qk_norm=True,
+      max_position_embeddings=max_position_embeddings)
 
 
 def scaled_target(cfg: specjax.ModelConfig, seed: int, scale: float = SCALE) -> specjax.Target:
@@ -71,6 +74,21 @@ DRAFT_CONFIG = config(GREEDY_VOCAB, num_layers=1)
 # The sampling target: a vocabulary small enough to enumerate the joint law of 3 tokens.
 SAMPLING_VOCAB = 8
 SAMPLING_CONFIG = config(SAMPLING_VOCAB, max_position_embeddings=64)
+
+
+# Targets that split over up to 8 devices: 8 query heads over 2 KV heads (the model axis then
+# divides the KV heads at tp=2 and replicates them at tp=4 and 8), MLP and vocabulary divisible.
+MESH_CONFIG = config(GREEDY_VOCAB, hidden_size=64, num_heads=8, num_kv_heads=2)
+MESH_SAMPLING_CONFIG = config(SAMPLING_VOCAB, hidden_size=64, num_heads=8, num_kv_heads=2,
+                              max_position_embeddings=64)
+
+
+def mesh_target() -> specjax.Target:
+  return scaled_target(MESH_CONFIG, seed=0)
+
+
+def mesh_sampling_target() -> specjax.Target:
+  return scaled_target(MESH_SAMPLING_CONFIG, seed=0)
 
 
 def greedy_target() -> specjax.Target:
