@@ -3,6 +3,7 @@
   python -m experiments.benchmark
   python -m experiments.benchmark --set temperature=0.7 --set top_p=0.9 --out out/sampled
   python -m experiments.benchmark --set methods=autoregressive,prompt_lookup --set num_prompts=4
+  python -m experiments.benchmark --set mesh=dp=2,tp=4      # on a device mesh (8 devices)
 
 Expected: a Markdown table (method, tau, tokens/s, speedup, target calls, share of time in
 drafting, ideal speedup) per dataset, results.json / results.md / PNG plots in `out`. The
@@ -22,4 +23,5 @@ def get_config() -> BenchmarkConfig:
       max_new_tokens=128,
       temperature=0.0, top_k=0, top_p=1.0, seed=0,
       profile_repeats=10,
-      out="out/benchmark")
+      out="out/benchmark",
+      mesh=None)  # None = one device; "dp=2,tp=4": a mesh (the table gains bytes per device)

@@ -1,6 +1,7 @@
 """The main job: tau, tokens/s and speedup of every method on the embedded default.
 
   python -m experiments.benchmark [--config configs/benchmark.py] [--out DIR] [--set key=value]
+  python -m experiments.benchmark --set mesh=dp=2,tp=4     # on a device mesh: also bytes/device
 
 Writes DIR/results.json (one record per method and dataset), DIR/results.md and PNG plots.
 """
@@ -21,9 +22,10 @@ def main(argv=None):
   cfg = cli.load_from_args(args, [f"out={args.out}"] if args.out else [])
   records = run(cfg)
   with open(os.path.join(cfg.out, "results.json")) as f:
-    line = provenance.header(json.load(f)["provenance"])
+    saved = json.load(f)
+  line = provenance.header(saved["provenance"])
   print()
-  print(markdown(records, cfg, line))
+  print(markdown(records, cfg, line, saved.get("layout")))
   bad = [f"{r['method']}/{r['dataset']}" for r in records
          if cfg.temperature == 0 and not r["matches_autoregressive"]]
   if bad:

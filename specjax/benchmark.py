@@ -9,6 +9,11 @@ rounds timed in compiled loops) giving the share of time spent drafting and the 
 tau * t_AR_step / (t_draft + t_verify) that a perfect loop would reach in decoding, and the same
 bound end to end, with each method's prefill (prompt forward + drafter init) timed alone: what the
 measured speedup, which includes the prefill, is judged against (loop efficiency).
+
+With `mesh` set (e.g. "dp=2,tp=4") the target is placed on that device mesh (`Target.on_mesh`)
+and every method's drafter with it (`drafters.build` lays it out by its partition rules);
+results.json and the printout then also give the mesh and the parameter bytes each device holds
+(`layout`).
 """
 
 from __future__ import annotations
@@ -19,12 +24,14 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+import jax
 import numpy as np
 from tqdm.auto import tqdm
 
 from specjax import assets, config_utils, drafters, metrics, provenance
 from specjax.decoding import generate, profile_phases
 from specjax.interop.hf import load_target
+from specjax.sharding import bytes_per_device, describe, mesh_spec
 from specjax.target import Target
 
 AR = "autoregressive"
@@ -52,6 +59,8 @@ class BenchmarkConfig:
   data_dir: str | None = None
   # Per-method builder options as "method.option=value", e.g. "prompt_lookup.num_tokens=4".
   drafter_options: tuple[str, ...] = ()
+  # A device mesh such as "dp=2,tp=4" (`specjax.sharding.make_mesh`); None = one device.
+  mesh: str | None = None
 
   def options_for(self, method: str) -> dict[str, Any]:
     """`method`'s builder options; values are Python literals (`4`, `[[0], [0, 0]]`) or text."""
@@ -95,6 +104,7 @@ def run_methods(target: Target, runs: Sequence[tuple[str, dict[str, Any] | None]
   setups = []
   for method, options in runs:
     options = cfg.options_for(method) if options is None else options
+    # On a target with a mesh, build places the drafter there by its partition rules.
     drafter = None if method == AR else drafters.build(method, target, **options)
     kwargs = dict(max_new_tokens=cfg.max_new_tokens, drafter=drafter,
                   temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
@@ -125,8 +135,32 @@ def run_methods(target: Target, runs: Sequence[tuple[str, dict[str, Any] | None]
         "new_tokens": a["tokens"], "wall_seconds": a["wall"], "acceptance_by_depth": alpha,
         **{f"{name}_ms": phases[name] * 1e3 for name in PHASES},
         **{f"{name}_spread_ms": phases[f"{name}_spread"] * 1e3 for name in PHASES},
-        "outputs": a["outputs"], "draft_nodes": 0 if drafter is None else drafter.num_nodes})
+        "outputs": a["outputs"], "draft_nodes": 0 if drafter is None else drafter.num_nodes,
+        **({} if target.mesh is None or drafter is None
+           else {"param_bytes": param_bytes(drafter, target.mesh)})})
   return records
+
+
+def param_bytes(tree: Any, mesh) -> dict[str, int]:
+  """Bytes of `tree`'s arrays as laid out on `mesh`: `min` / `max` over this process's devices of
+  the mesh (a device holding none counts as 0), `total` over them (replicas counted each time)
+  and `one_copy`, the arrays' unsharded size: total / one_copy is how often they are stored."""
+  held = bytes_per_device(tree)
+  ours = [held.get(d.id, 0) for d in mesh.devices.flat if d.process_index == jax.process_index()]
+  leaves = [x for x in jax.tree.leaves(tree) if isinstance(x, jax.Array)]
+  return {"min": min(ours), "max": max(ours), "total": sum(ours),
+          "one_copy": sum(int(x.size) * x.dtype.itemsize for x in leaves)}
+
+
+def layout(target: Target, records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+  """The mesh of a run and the parameter bytes per device of the target and of each drafter
+  (from the records of `run_methods`), for results.json and `markdown`."""
+  by_method = {"target": param_bytes(target.params, target.mesh)}
+  for r in records:
+    if "param_bytes" in r:
+      by_method.setdefault(r["method"], r["param_bytes"])
+  return {"mesh": describe(target.mesh), "mesh_spec": mesh_spec(target.mesh),
+          "param_bytes": by_method}
 
 
 def unreliable_timings(r: dict[str, Any]) -> list[str]:
@@ -184,11 +218,33 @@ def _cell(value: float | None, spec: str, unreliable: bool, spread: float | None
   return text + (" ?" if unreliable else "")
 
 
+def format_bytes(n: int) -> str:
+  """`n` bytes in KiB below a MiB, MiB below a GiB, else GiB (two decimals)."""
+  for unit, size in (("GiB", 2**30), ("MiB", 2**20)):
+    if n >= size:
+      return f"{n / size:.2f} {unit}"
+  return f"{n / 2**10:.2f} KiB"
+
+
+def layout_lines(mesh_layout: dict[str, Any]) -> list[str]:
+  """The mesh line and a table of parameter bytes per device (see `layout`)."""
+  lines = [f"Mesh: {mesh_layout['mesh']}", "",
+           "| parameters | min per device | max per device | total over devices | one copy |",
+           "|---|---|---|---|---|"]
+  for name, b in mesh_layout["param_bytes"].items():
+    cells = [format_bytes(b[k]) for k in ("min", "max", "total", "one_copy")]
+    lines.append(f"| {name} | " + " | ".join(cells) + " |")
+  return lines + [""]
+
+
 def markdown(records: list[dict[str, Any]], cfg: BenchmarkConfig,
-             provenance_line: str | None = None) -> str:
+             provenance_line: str | None = None, mesh_layout: dict[str, Any] | None = None
+             ) -> str:
   """The results table per dataset. Timings show their spread across trials (±); a `?` marks a
-  figure that is unreliable (`unreliable_figures`) or rests on one that is."""
+  figure that is unreliable (`unreliable_figures`) or rests on one that is. With `mesh_layout`
+  (a run on a mesh: `layout`) the mesh and the parameter bytes per device come first."""
   lines = [f"Measured with {provenance_line}", ""] if provenance_line else []
+  lines += layout_lines(mesh_layout) if mesh_layout else []
   for dataset in dict.fromkeys(r["dataset"] for r in records):
     lines += [f"### {dataset} (T={cfg.temperature}, {cfg.num_prompts} prompts x "
               f"{cfg.max_new_tokens} new tokens, batch 1)", "",
@@ -265,6 +321,8 @@ def run(cfg: BenchmarkConfig) -> list[dict[str, Any]]:
     raise ValueError(f"no target at {path}: train the embedded default with "
                      "`python -m experiments.train_target` or pass --set target=DIR")
   target = load_target(path, dtype="float32")
+  if cfg.mesh is not None:
+    target = target.on_mesh(cfg.mesh)
   methods = list(cfg.methods) or [AR] + drafters.available(target)
   if AR not in methods:
     methods.insert(0, AR)  # speedups are measured against AR in the same run
@@ -282,11 +340,13 @@ def run(cfg: BenchmarkConfig) -> list[dict[str, Any]]:
       records += group
   os.makedirs(cfg.out, exist_ok=True)
   block = provenance.collect(cfg)
+  mesh_layout = None if target.mesh is None else layout(target, records)
   with open(os.path.join(cfg.out, "results.json"), "w") as f:
     # allow_nan=False: the file stays valid JSON (undefined ratios are null, never NaN).
-    json.dump({"config": config_utils.to_dict(cfg), "provenance": block, "records": records}, f,
+    json.dump({"config": config_utils.to_dict(cfg), "provenance": block, "records": records,
+               **({} if mesh_layout is None else {"layout": mesh_layout})}, f,
               indent=1, allow_nan=False)
-  table = markdown(records, cfg, provenance.header(block))
+  table = markdown(records, cfg, provenance.header(block), mesh_layout)
   with open(os.path.join(cfg.out, "results.md"), "w") as f:
     f.write(table)
   plot(records, cfg.out)
@@ -298,6 +358,8 @@ def sweep_trees(method: str, candidates: Sequence[dict[str, Any]], cfg: Benchmar
   """Measures `method` with each tree option set beside AR on the same prompts (cfg.datasets,
   e.g. held-out stdlib files: tune on data the benchmark table does not report)."""
   target = load_target(cfg.target or assets.TARGET_DIR, dtype="float32")
+  if cfg.mesh is not None:
+    target = target.on_mesh(cfg.mesh)
   prompts = [p for d in cfg.datasets for p in load_prompts(target, d, cfg)]
   with tqdm(total=len(prompts) * (len(candidates) + 1), desc=f"sweep {method}",
             dynamic_ncols=True) as bar:

@@ -34,13 +34,14 @@ def test_benchmark_runs_and_reports(tmp_path):
   assert records[2]["tau"] > 1.5 and records[2]["t_draft_ms"] > 0
   saved = json.loads((tmp_path / "results.json").read_text(), parse_constant=_reject_nan)
   assert len(saved["records"]) == 3
+  assert "layout" not in saved and saved["config"]["mesh"] is None  # one device: as before
   block = saved["provenance"]
   assert block["versions"]["jax"] and block["versions"]["numpy"] and block["backend"]
   assert block["devices"] and block["date_utc"].endswith("Z") and block["command"]
   assert block["config"] == saved["config"]
   table = (tmp_path / "results.md").read_text()
   assert table == markdown(records, cfg, provenance.header(block)) and "| eagle3 |" in table
-  assert table.startswith("Measured with specjax ")
+  assert table.startswith("Measured with specjax ") and "Mesh:" not in table
   assert os.path.exists(tmp_path / "speedup.png")
 
 
