@@ -223,7 +223,7 @@ def test_identical_drafter_accepts_everything(target, greedy_drafters, batch):
 # 2. Sampling: chi-square against the exact law of the first three tokens.
 
 N_ROWS = 24576  # sampled rows per test, in one batched call
-ALPHA = 1e-6  # per test; 26 tests here: family-wise false alarm <= 2.6e-5 (Bonferroni)
+ALPHA = 1e-6  # per test; 29 tests here: family-wise false alarm <= 2.9e-5 (Bonferroni)
 SAMPLING_PROMPT = [3, 1, 4, 1, 5, 1, 4, 2, 6, 5, 3, 1]  # repeats: prompt lookup proposes at once
 SAMPLING_PAD = 16
 SAMPLINGS = {"T1": SamplingConfig(1.0), "T0.7_p0.9": SamplingConfig(0.7, top_p=0.9)}
@@ -320,8 +320,8 @@ def test_sampling_matches_exact_law(sampling_target, sampling_drafters, name, sa
   """24576 copies of one prompt, generated in ONE batched call with 3 new tokens (each row has its
   own rng stream: independent draws): the joint counts of (x1, x2, x3) follow the exact law of
   the target (`_exact_law`), by a Pearson chi-square test with cells of expected count < 5 pooled,
-  rejected at ALPHA = 1e-6 (Bonferroni: the 26 such tests here have a family-wise false-alarm
-  probability <= 2.6e-5). The test asserts its own power: >= 0.99 against a bias of
+  rejected at ALPHA = 1e-6 (Bonferroni: the 29 such tests here have a family-wise false-alarm
+  probability <= 2.9e-5). The test asserts its own power: >= 0.99 against a bias of
   D = sum (r - p)^2 / p = 0.01 over the pooled cells (N = 24576 gives > 0.9999 here).
 
   x1 comes from the prefill, x2 and x3 from the first round(s): accepted drafts or the bonus
@@ -332,12 +332,14 @@ def test_sampling_matches_exact_law(sampling_target, sampling_drafters, name, sa
   of Hydra, EAGLE and EAGLE-3 over 3-4 ids plus the history's recent tokens), and drafter=None,
   which separates sampler bugs from speculation bugs.
   Zero-probability outcomes (outside top-p) must never occur."""
-  cfg = SAMPLINGS[sampling]
-  drafter = sampling_drafters[name]
-  v = tt.SAMPLING_VOCAB
-  law = _exact_law(sampling_target, SAMPLING_PROMPT, cfg)
   seed = 100 * list(_SAMPLING_DRAFTERS).index(name) + list(SAMPLINGS).index(sampling)
-  result = specjax.generate(sampling_target, [SAMPLING_PROMPT] * N_ROWS, max_new_tokens=3,
+  _check_exact_law(sampling_target, sampling_drafters[name], name, SAMPLINGS[sampling], seed)
+
+
+def _check_exact_law(target, drafter, name: str, cfg: SamplingConfig, seed: int) -> None:
+  v = target.config.vocab_size
+  law = _exact_law(target, SAMPLING_PROMPT, cfg)
+  result = specjax.generate(target, [SAMPLING_PROMPT] * N_ROWS, max_new_tokens=3,
                             drafter=drafter, temperature=cfg.temperature, top_p=cfg.top_p,
                             seed=seed, pad_to=SAMPLING_PAD)
   tokens = np.array(result.tokens)
@@ -347,7 +349,7 @@ def test_sampling_matches_exact_law(sampling_target, sampling_drafters, name, sa
   impossible = counts[law.reshape(-1) == 0].sum()
   assert impossible == 0, f"{impossible} rows drew a zero-probability outcome"
   stat, dof, pvalue = pooled_chi_square(counts, law.reshape(-1))
-  print(f"\n[{name}, {sampling}] N={N_ROWS} chi2={stat:.1f} dof={dof} p={pvalue:.3g} "
+  print(f"\n[{name}, {cfg}] N={N_ROWS} chi2={stat:.1f} dof={dof} p={pvalue:.3g} "
         f"power(D=0.01)={_power(dof, N_ROWS):.4f} accepted_by_depth="
         f"{result.stats.accepted_by_depth}")
   assert _power(dof, N_ROWS) >= 0.99
@@ -360,6 +362,28 @@ def test_sampling_matches_exact_law(sampling_target, sampling_drafters, name, sa
     assert hist.tolist() == [0, 0, N_ROWS]
   else:  # premise: both acceptances and rejections were exercised
     assert hist[0] > 0 and hist[1:].sum() > 0
+
+
+# One processing each (compile time): the drafter-less baseline and prompt lookup's tree with
+# temperature and top-p, EAGLE's dynamic tree at temperature 1.
+_MESH_SAMPLING_CASES = (("none", "T0.7_p0.9"), ("eagle", "T1"), ("prompt_lookup", "T0.7_p0.9"))
+
+
+@pytest.fixture(scope="module")
+def mesh_sampling_target():
+  """A tiny sampling target whose 8 query heads split 4 ways (its 2 KV heads replicated), on
+  dp=2,tp=4 of the session's 8 CPU devices."""
+  return tt.mesh_sampling_target().on_mesh("dp=2,tp=4")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, sampling", _MESH_SAMPLING_CASES)
+def test_sampling_matches_exact_law_on_a_mesh(mesh_sampling_target, name, sampling):
+  """The exact-law battery above on a dp=2,tp=4 mesh (rows over data, heads over model):
+  sampled speculative decoding keeps exactly the target's law when sharded."""
+  drafter = _SAMPLING_DRAFTERS[name](mesh_sampling_target)
+  seed = 7000 + [n for n, _ in _MESH_SAMPLING_CASES].index(name)
+  _check_exact_law(mesh_sampling_target, drafter, name, SAMPLINGS[sampling], seed)
 
 
 # ------------------------------------------------------------------------------------------------
