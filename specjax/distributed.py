@@ -202,7 +202,14 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
       kwargs["coordinator_bind_address"] = coordinator  # not every interface
   else:
     kwargs.update(num_processes=num_processes, process_id=process_id)
-  jax.distributed.initialize(**kwargs)
+  try:
+    jax.distributed.initialize(**kwargs)
+  except ValueError as e:
+    if not auto:
+      raise
+    raise ValueError(f"coordinator 'auto': no TPU pod, Slurm, Open MPI or Kubernetes cluster "
+                     f"gave the missing settings ({e}); pass --coordinator HOST:PORT "
+                     "--num-processes N --process-id I instead") from e
   from jax._src import distributed as state_module
   state = state_module.global_state
   return ProcessInfo(state.process_id, state.num_processes)

@@ -181,6 +181,21 @@ def test_initialize_is_a_no_op_for_one_process(no_env):
     distributed.initialize(cpu_devices=jax.local_device_count("cpu") + 1)
 
 
+def test_auto_detection_without_a_cluster_says_so():
+  """'auto' asks JAX's cluster detection; on a machine in no cluster the refusal names the
+  explicit flags (in a fresh process: joining must come before the backend starts)."""
+  code = ("from specjax import distributed\n"
+          "try:\n  distributed.initialize('auto')\n"
+          "except ValueError as e:\n  print(e)\n")
+  env = {k: v for k, v in _worker_env().items()  # whatever cluster the test host is in
+         if not k.startswith(("SLURM_", "OMPI_", "KUBERNETES_", "TPU_", "PMI_"))}
+  r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
+                     capture_output=True, text=True, timeout=120)
+  assert r.returncode == 0, r.stderr
+  assert "no TPU pod, Slurm, Open MPI or Kubernetes cluster" in r.stdout, r.stdout + r.stderr
+  assert "--coordinator HOST:PORT" in r.stdout
+
+
 def test_flags(no_env):
   import argparse
   parser = distributed.add_arguments(argparse.ArgumentParser())
