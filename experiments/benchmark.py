@@ -4,6 +4,8 @@
   python -m experiments.benchmark --set mesh=dp=2,tp=4     # on a device mesh: also bytes/device
 
 Writes DIR/results.json (one record per method and dataset), DIR/results.md and PNG plots.
+A multi-process run (`--coordinator HOST:PORT --num-processes N --process-id I` on each process)
+writes and prints them from process 0 only.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 
-from specjax import cli, provenance
+from specjax import cli, distributed, provenance
 from specjax.benchmark import markdown, run
 
 
@@ -21,6 +23,8 @@ def main(argv=None):
   args = parser.parse_args(argv)
   cfg = cli.load_from_args(args, [f"out={args.out}"] if args.out else [])
   records = run(cfg)
+  if not distributed.is_main_process():
+    return  # process 0 wrote the results and prints the table
   with open(os.path.join(cfg.out, "results.json")) as f:
     saved = json.load(f)
   line = provenance.header(saved["provenance"])

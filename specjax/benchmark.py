@@ -28,7 +28,7 @@ import jax
 import numpy as np
 from tqdm.auto import tqdm
 
-from specjax import assets, config_utils, drafters, metrics, provenance
+from specjax import assets, config_utils, distributed, drafters, metrics, provenance
 from specjax.decoding import generate, profile_phases
 from specjax.interop.hf import load_target
 from specjax.sharding import bytes_per_device, describe, mesh_spec
@@ -338,6 +338,8 @@ def run(cfg: BenchmarkConfig) -> list[dict[str, Any]]:
                for r in run_methods(target, [(m, None) for m in methods], rows, cfg, bar)]
       _finish(group)
       records += group
+  if not distributed.is_main_process():
+    return records  # a multi-process run writes its results once, from process 0
   os.makedirs(cfg.out, exist_ok=True)
   block = provenance.collect(cfg)
   mesh_layout = None if target.mesh is None else layout(target, records)

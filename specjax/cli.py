@@ -1,7 +1,11 @@
-"""The command line shared by the experiment entry points: `--config`, `--set`, `--stop-after`.
+"""The command line shared by the experiment entry points: `--config`, `--set`, `--stop-after`,
+and the multi-process flags `--coordinator`, `--num-processes`, `--process-id`
+(`specjax.distributed`).
 
-A config problem (a bad `--set` item, an unknown field, a value the config refuses) is a usage
-error: one line `error: <message>` on stderr and exit status 2, before any work starts.
+A config problem (a bad `--set` item, an unknown field, a value the config refuses) or
+inconsistent multi-process flags are a usage error: one line `error: <message>` on stderr and
+exit status 2, before any work starts. `load_from_args` joins the processes of a multi-process
+run once the config is valid and before any JAX computation; only process 0 prints the results.
 """
 
 from __future__ import annotations
@@ -13,13 +17,15 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
+from specjax import distributed
 from specjax.config_utils import load_config
 
 
 def config_parser(description: str, *, default_config: str | None = None,
                   stop_after: bool = False) -> argparse.ArgumentParser:
-  """An ArgumentParser with `--config` (required without a default), repeatable `--set` and,
-  for resumable trainers, `--stop-after`."""
+  """An ArgumentParser with `--config` (required without a default), repeatable `--set`, the
+  multi-process flags (`distributed.add_arguments`) and, for resumable trainers,
+  `--stop-after`."""
   parser = argparse.ArgumentParser(description=description)
   parser.add_argument("--config", default=default_config, required=default_config is None,
                       help="configs/<name>.py, configs.<name> or <name>"
@@ -29,6 +35,7 @@ def config_parser(description: str, *, default_config: str | None = None,
   if stop_after:
     parser.add_argument("--stop-after", type=int, default=None,
                         help="stop after this many steps of this run (checkpointed)")
+  distributed.add_arguments(parser)
   return parser
 
 
@@ -46,11 +53,19 @@ def resolve_config_path(name_or_path: str) -> str:
 
 
 def load_from_args(args: argparse.Namespace, extra_overrides: Sequence[str] = ()) -> Any:
-  """`args.config` with `args.set` and `extra_overrides` applied; a config error exits (2)."""
+  """`args.config` with `args.set` and `extra_overrides` applied, then this process joined to
+  the multi-process run its flags (or the environment) describe, a no-op for a single process.
+  A config error or inconsistent multi-process settings exit (2). The config comes first, so a
+  bad one fails at once instead of after waiting for the other processes."""
   try:
-    return load_config(resolve_config_path(args.config), [*args.set, *extra_overrides])
+    cfg = load_config(resolve_config_path(args.config), [*args.set, *extra_overrides])
   except (ValueError, ImportError) as e:
     fail(str(e))
+  try:
+    distributed.from_args(args)
+  except ValueError as e:
+    fail(str(e))
+  return cfg
 
 
 def fail(message: str) -> NoReturn:
@@ -65,11 +80,13 @@ def train_main(description: str, train: Callable[..., dict[str, Any]],
   """The entry point of a resumable trainer: `--config`, `--set`, `--stop-after`; runs
   `train(cfg, stop_after=...)` (a summary with "finished", "step" and, when finished,
   "metadata" and "export_dir") and prints the `report` fields of the metadata, or where the run
-  stopped."""
+  stopped; in a multi-process run only process 0 prints."""
   parser = config_parser(description, default_config=default_config, stop_after=True)
   args = parser.parse_args(argv)
   cfg = load_from_args(args)
   summary = train(cfg, stop_after=args.stop_after)
+  if not distributed.is_main_process():
+    return summary
   if summary["finished"]:
     print(json.dumps({k: summary["metadata"][k] for k in report}, indent=2))
     print(f"exported to {summary['export_dir']}")

@@ -390,9 +390,20 @@ def _setup(target: Target, prompts, max_new_tokens: int, drafter, sampling: Samp
   if mesh is None:
     batch, shared = tuple(map(jnp.asarray, batch)), (jnp.asarray(shared[0]), shared[1])
   else:
+    def _global(a: np.ndarray, where: jax.sharding.NamedSharding) -> jax.Array:
+      # `a` (the same value on every process) laid out by `where`, each process placing only
+      # its own devices' slices: unlike device_put, no cross-process check that the values
+      # agree, and it works when the mesh spans other processes' devices.
+      return jax.make_array_from_callback(a.shape, where, lambda index: a[index])
+
     drafter = sharding.shard_drafter(drafter, cfg, mesh)
-    batch = tuple(jax.device_put(a, sharding.batch_sharding(mesh)) for a in batch)
-    shared = tuple(jax.device_put(a, sharding.replicated(mesh)) for a in shared)
+    batch = tuple(_global(a, sharding.batch_sharding(mesh)) for a in batch)
+    eos, key = shared
+    rep = sharding.replicated(mesh)
+    # A key array is not a plain array that device_put can spread over other processes'
+    # devices: its raw data is placed instead and wrapped again.
+    key_data = _global(np.asarray(jax.random.key_data(key)), rep)
+    shared = (_global(eos, rep), jax.random.wrap_key_data(key_data, impl=jax.random.key_impl(key)))
   args = (target.params, drafter, *batch, *shared, _init_cache(spec, len(rows)))
   return spec, args, n_real
 

@@ -71,3 +71,35 @@ def test_tune_tree_save_needs_an_explicit_path(capsys):
   err = capsys.readouterr().err
   assert err.startswith("error: --save writes into a drafter folder: name it with --path")
   assert "specjax/assets/eagle" in err
+
+
+@pytest.mark.parametrize("module,config", [
+    ("experiments.train_target", "configs/target_stdlib.py"),
+    ("experiments.benchmark", "configs/benchmark.py"),
+])
+def test_multi_process_flags_are_checked_before_any_work(tmp_path, module, config):
+  """The entry points take --coordinator / --num-processes / --process-id; inconsistent ones
+  are a usage error (one line, status 2) before any JAX work or file is written."""
+  r = _run([module, "--config", config, "--num-processes", "2", "--process-id", "0"],
+           cwd=tmp_path)
+  assert r.returncode == 2, r.stderr
+  lines = [line for line in r.stderr.splitlines() if line.strip()]
+  assert len(lines) == 1 and lines[0].startswith("error: 2 processes need a coordinator"), r.stderr
+  assert r.stdout == "" and os.listdir(tmp_path) == []
+
+
+def test_config_parser_has_the_multi_process_flags(capsys, monkeypatch):
+  for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
+    monkeypatch.delenv(name, raising=False)
+  parser = cli.config_parser("test", default_config="configs/target_stdlib.py")
+  args = parser.parse_args(["--coordinator", "10.0.0.1:1234", "--num-processes", "2",
+                            "--process-id", "1"])
+  assert (args.coordinator, args.num_processes, args.process_id) == ("10.0.0.1:1234", 2, 1)
+  cfg = cli.load_from_args(parser.parse_args(["--set", "seed=4"]))  # single process: no-op
+  assert cfg.seed == 4
+  with pytest.raises(SystemExit) as e:
+    cli.load_from_args(parser.parse_args(["--num-processes", "2", "--process-id", "2"]))
+  assert e.value.code == 2
+  err = capsys.readouterr().err
+  assert err.startswith("error: process_id 2 (from the arguments) must be [0, 2)"), err
+  assert err.count("\n") == 1
