@@ -224,9 +224,16 @@ def shardings(tree: Any, rules: Rules, amap: dict[str, str | None], mesh: Mesh, 
 
 
 def place(tree: Any, tree_shardings: Any) -> Any:
-  """`jax.device_put` leaf by leaf (a leaf already laid out so is not copied)."""
-  return jax.tree.map(lambda x, s: x if s is None else jax.device_put(x, s), tree,
-                      tree_shardings, is_leaf=lambda x: x is None)
+  """`jax.device_put` leaf by leaf (a leaf already laid out so is not copied). Onto a sharding
+  that spans other processes, each process builds its own shards from its (identical) copy."""
+  def one(x, s):
+    if s is None or (isinstance(x, jax.Array) and x.sharding == s):
+      return x
+    if s.is_fully_addressable:
+      return jax.device_put(x, s)
+    host = np.asarray(x)
+    return jax.make_array_from_callback(host.shape, s, lambda index: host[index])
+  return jax.tree.map(one, tree, tree_shardings, is_leaf=lambda x: x is None)
 
 
 # -- what a target, a drafter and a cache get --------------------------------------------------
