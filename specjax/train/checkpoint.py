@@ -1,4 +1,9 @@
-"""Orbax checkpointing of a training state pytree, with clear errors and exact resume."""
+"""Orbax checkpointing of a training state pytree, with clear errors and exact resume.
+
+A checkpoint holds global arrays, whatever mesh wrote them: each process writes its shards, and a
+restore reads onto the shardings the caller asks for (one device, or any mesh), so a run saved
+on one mesh resumes on another.
+"""
 
 from __future__ import annotations
 
@@ -28,11 +33,14 @@ class Checkpointer:
     self._manager.save(step, args=ocp.args.StandardSave(state), force=force)
 
   def restore(self, state_like: Any, step: int | None = None) -> Any:
-    """Restores into the structure, shapes and dtypes of `state_like` (arrays or abstract)."""
+    """Restores into the structure, shapes, dtypes and shardings of `state_like`'s leaves
+    (arrays, or `jax.ShapeDtypeStruct`s with a `sharding`): each array comes back laid out as
+    its counterpart is, whatever mesh saved it. A leaf without a sharding (a numpy array, a
+    ShapeDtypeStruct without one) restores onto the default device."""
     step = self.latest_step() if step is None else step
     if step is None:
       raise ValueError(f"no checkpoint to restore in {self.directory}")
-    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state_like)
+    abstract = jax.tree.map(_abstract, state_like)
     try:
       return self._manager.restore(step, args=ocp.args.StandardRestore(abstract))
     except Exception as e:  # orbax raises assorted errors for truncated / foreign checkpoints
@@ -45,3 +53,13 @@ class Checkpointer:
   def close(self) -> None:
     self._manager.wait_until_finished()
     self._manager.close()
+
+
+def _abstract(leaf: Any) -> Any:
+  """The restore target of one leaf: its shape, dtype and sharding (the default device's when it
+  has none, rather than whatever layout the checkpoint recorded)."""
+  out = ocp.utils.to_shape_dtype_struct(leaf)
+  if isinstance(out, jax.ShapeDtypeStruct) and out.sharding is None:
+    out = jax.ShapeDtypeStruct(out.shape, out.dtype,
+                               sharding=jax.sharding.SingleDeviceSharding(jax.devices()[0]))
+  return out

@@ -22,6 +22,11 @@ Data: packed rows of the stdlib corpus, or self-distillation: continuations the 
 generates from corpus prompts (cached chunk by chunk in `distill_cache`, so an interrupted
 generation resumes), which is what the drafter will see.
 Resumption, checkpoints and the progress bar are `specjax.train.loop`'s.
+
+On a device mesh (`mesh`, e.g. "dp=4,tp=2"; or the mesh of a target passed placed on one) the
+frozen target lies tensor parallel as `Target.on_mesh` lays it, the drafter's params as
+`specjax.sharding.drafter_shardings` lays a drafter's, the frozen head over the vocabulary, and
+each batch of rows is split over `data`.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from specjax import config_utils, decoding, provenance
+from specjax import config_utils, decoding, provenance, sharding
 from specjax.data import pipeline, stdlib_code
 from specjax.drafters import io, learned, registry
 from specjax.interop.hf import load_target
@@ -95,6 +100,10 @@ class DrafterTrainConfig:
   seq_len: int = 256
   batch_size: int = 16
   seed: int = 0
+  # Device mesh to train on, a `specjax.sharding` spec such as "dp=4,tp=2" over every device
+  # (None: the target's mesh if it is placed on one, else one device). Not a run setting: a
+  # checkpoint resumes on any mesh.
+  mesh: str | None = None
   log_every: int = 10
   eval_every: int = 200
   save_every: int = 100
@@ -345,6 +354,10 @@ def train_drafter(cfg: DrafterTrainConfig, *, stop_after: int | None = None,
     target = _load_target(cfg)
   if target.tokenizer is None:
     raise ValueError("drafter training needs the target's tokenizer (tokenizer.json)")
+  mesh = target.mesh if cfg.mesh is None else sharding.make_mesh(cfg.mesh)
+  if mesh is not None:
+    loop.check_batch_size("batch_size", cfg.batch_size, mesh)
+    target = target.on_mesh(mesh)
   layers = taps(cfg, target)
   loop.check_run_config(cfg.workdir, cfg)
   fam = registry.family(cfg.method)
@@ -362,6 +375,15 @@ def train_drafter(cfg: DrafterTrainConfig, *, stop_after: int | None = None,
       if fam.uses_target_head else None,
   }
   params = fam.init_params(net, target, d2t, cfg.seed)
+  param_shardings = batch_shardings = None
+  if mesh is not None:
+    frozen_shardings = {"target": sharding.param_shardings(target.config, target.params, mesh),
+                        **sharding.drafter_shardings({k: v for k, v in frozen.items()
+                                                      if k != "target"}, target.config, mesh)}
+    frozen = sharding.place(frozen, frozen_shardings)
+    batch_shardings = {"frozen": frozen_shardings, "tokens": sharding.batch_sharding(mesh),
+                       "key": sharding.replicated(mesh)}
+    param_shardings = sharding.drafter_shardings(params, target.config, mesh)
   batches = pipeline.TrainBatches(train_rows, cfg.batch_size, cfg.seed)
 
   def stream(start: int):
@@ -379,7 +401,9 @@ def train_drafter(cfg: DrafterTrainConfig, *, stop_after: int | None = None,
                       make_optimizer(cfg.optim, fam.frozen_leaves(cfg)), stream, loop_cfg,
                       workdir=os.path.join(cfg.workdir, "checkpoints"), evaluate=evaluate,
                       stop_after=stop_after, progress=progress,
-                      desc=f"train {cfg.method} {decoder.num_params(params) / 1e6:.2f}M")
+                      desc=f"train {cfg.method} {decoder.num_params(params) / 1e6:.2f}M",
+                      mesh=mesh, param_shardings=param_shardings,
+                      batch_shardings=batch_shardings)
   summary = {"step": result.step, "history": result.history, "params": result.params,
              "finished": result.step >= cfg.optim.total_steps, "d2t": d2t}
   if not summary["finished"]:

@@ -5,6 +5,8 @@ tokenizer saved in the workdir -> tokenize and pack the corpus (cached) -> optax
 orbax checkpoints -> export an HF folder (`save_hf`) with `tokenizer.json` and `metadata.json`.
 The export's `tokenizer_config.json` carries the corpus encoding (literal special-token text
 stays text), so `load_target` and transformers encode prompts as training encoded the corpus.
+With `mesh` set (e.g. "dp=4,tp=2") the run trains on that device mesh: the decoder tensor
+parallel over `model` by `specjax.sharding`'s rules, each batch split over `data`.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from specjax import provenance
+from specjax import provenance, sharding
 from specjax.config_utils import to_dict
 from specjax.data import pipeline, stdlib_code
 from specjax.data import tokenizer as tokenizer_lib
@@ -60,6 +62,9 @@ class LMTrainConfig:
   eval_every: int = 250
   save_every: int = 250
   eval_rows: int = 64  # held-out rows scored at each periodic evaluation (all rows at the end)
+  # Device mesh to train on, a `specjax.sharding` spec such as "dp=4,tp=2" over every device
+  # (None: one device). Not a run setting: a checkpoint resumes on any mesh.
+  mesh: str | None = None
   workdir: str = "runs/target_stdlib"
   export_dir: str | None = None  # default: <workdir>/export
   export_dtype: str = "float32"
@@ -76,6 +81,11 @@ class LMTrainConfig:
   @property
   def final_seq_len(self) -> int:
     return self.long_seq_len if self.long_steps else self.seq_len
+
+  @property
+  def long_batch_size(self) -> int:
+    """Rows per step of the long-context phase (the same tokens per step as the short one)."""
+    return self.batch_size * self.seq_len // self.long_seq_len
 
 
 def lm_loss(cfg: ModelConfig, params, batch: dict[str, jax.Array]):
@@ -151,7 +161,7 @@ def batch_stream(cfg: LMTrainConfig, train_stream: np.ndarray):
   long = None
   if cfg.long_steps:
     long = pipeline.TrainBatches(pipeline.pack_stream(train_stream, cfg.long_seq_len),
-                                 cfg.batch_size * cfg.seq_len // cfg.long_seq_len, cfg.seed + 1)
+                                 cfg.long_batch_size, cfg.seed + 1)
 
   def iterate(start_step: int):
     step = start_step
@@ -162,9 +172,24 @@ def batch_stream(cfg: LMTrainConfig, train_stream: np.ndarray):
   return iterate
 
 
+def training_mesh(cfg: LMTrainConfig):
+  """(the mesh `cfg.mesh` names or None, the params' shardings on it or None), checked before any
+  work: the spec must match the devices, the batches must split over `data` and the model over
+  `model` (tensor parallel by the partition rules of `specjax.sharding`)."""
+  if cfg.mesh is None:
+    return None, None
+  mesh = sharding.make_mesh(cfg.mesh)
+  loop.check_batch_size("batch_size", cfg.batch_size, mesh)
+  if cfg.long_steps:
+    loop.check_batch_size("long-phase batch size (batch_size * seq_len / long_seq_len)",
+                          cfg.long_batch_size, mesh)
+  return mesh, sharding.param_shardings(cfg.model, decoder.abstract_params(cfg.model), mesh)
+
+
 def train_lm(cfg: LMTrainConfig, *, stop_after: int | None = None,
              progress: bool = True) -> dict[str, Any]:
   """Runs (or resumes) the training described by `cfg`; exports when it reaches the end."""
+  mesh, param_shardings = training_mesh(cfg)
   loop.check_run_config(cfg.workdir, cfg)
   data = prepare_data(cfg)
   eos = tokenizer_lib.eos_id(data.tokenizer)
@@ -180,7 +205,8 @@ def train_lm(cfg: LMTrainConfig, *, stop_after: int | None = None,
       make_optimizer(cfg.optim), batch_stream(cfg, data.train_stream), loop_cfg,
       workdir=os.path.join(cfg.workdir, "checkpoints"),
       evaluate=make_evaluator(model_cfg, periodic), stop_after=stop_after, progress=progress,
-      desc=f"train {model_cfg.architecture} {n_params / 1e6:.2f}M")
+      desc=f"train {model_cfg.architecture} {n_params / 1e6:.2f}M", mesh=mesh,
+      param_shardings=param_shardings)
   summary: dict[str, Any] = {"step": result.step, "history": result.history,
                              "params": result.params, "finished": False}
   if result.step < cfg.optim.total_steps:
