@@ -14,9 +14,17 @@ from typing import Any
 import pytest
 
 NUM_CPU_DEVICES = 8
-if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_"
-                             f"device_count={NUM_CPU_DEVICES}").strip()
+# Compile time dominates the suite (hundreds of tiny programs that run in milliseconds): LLVM's
+# expensive optimisation passes only slow compilation down. They do not change float semantics
+# (no fast-math either way), so the tests check the same arithmetic users run.
+_TEST_XLA_FLAGS = {
+    "xla_force_host_platform_device_count": str(NUM_CPU_DEVICES),
+    "xla_backend_optimization_level": "0",
+    "xla_llvm_disable_expensive_passes": "true",
+}
+_flags = os.environ.get("XLA_FLAGS", "")
+os.environ["XLA_FLAGS"] = " ".join([_flags] + [f"--{k}={v}" for k, v in _TEST_XLA_FLAGS.items()
+                                               if k not in _flags]).strip()
 
 
 @dataclasses.dataclass(frozen=True)
