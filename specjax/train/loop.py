@@ -184,8 +184,9 @@ def initial_state(params: Any, tx: optax.GradientTransformation, *, mesh: Mesh |
   state_shardings = {"params": param_shardings, "opt_state": opt_shardings, "step": rep,
                      "elapsed": rep}
   state = {"params": params, "opt_state": jax.jit(tx.init, out_shardings=opt_shardings)(params),
-           "step": jax.device_put(jnp.zeros((), jnp.int32), rep),
-           "elapsed": jax.device_put(jnp.zeros((), elapsed_dtype), rep)}
+           # host values: placing them is valid onto devices of other processes too
+           "step": jax.device_put(np.zeros((), np.int32), rep),
+           "elapsed": jax.device_put(np.zeros((), elapsed_dtype), rep)}
   return state, state_shardings
 
 
@@ -294,9 +295,11 @@ def train(loss_fn: LossFn, params: Any, tx: optax.GradientTransformation,
         jax.block_until_ready(state)
         now = time.perf_counter()
         elapsed, t_mark = elapsed + now - t_mark, now
-        state["elapsed"] = jnp.asarray(elapsed, state["elapsed"].dtype)
-        if mesh is not None:
-          state["elapsed"] = jax.device_put(state["elapsed"], state_shardings["elapsed"])
+        if mesh is None:
+          state["elapsed"] = jnp.asarray(elapsed, state["elapsed"].dtype)
+        else:
+          state["elapsed"] = jax.device_put(np.asarray(elapsed, state["elapsed"].dtype),
+                                            state_shardings["elapsed"])
         ckpt.save(done, state, force=True)
     bar.close()
     jax.block_until_ready(state)

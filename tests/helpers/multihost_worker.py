@@ -61,11 +61,11 @@ def _train_model():
 
 
 def train_case(mesh, log=lambda what: None) -> list[float]:
-  """The loss of each of TRAIN_STEPS steps of `specjax.train.loop.train` for a tiny LM, on one
-  device (`mesh` None) or with its params laid out on `mesh` by the partition rules and its
-  batches' rows split over `data`. On a mesh the step is the loop's plain `jax.jit`, whose
-  partitioning follows these global arrays: every process computes the same host values and
-  places only its own devices' slices (`sharding.from_host_slices`)."""
+  """The loss of each of TRAIN_STEPS steps of the trainers' loop (`specjax.train.loop.train`)
+  for a tiny LM, on one device (`mesh` None) or on `mesh`: params tensor-parallel by the
+  partition rules, optimiser state like them, batch rows over `data`. Every process computes the
+  same host values (params from one seed, batches from the step) and the loop places only its
+  own devices' shards."""
   import jax
   import numpy as np
   import optax
@@ -77,25 +77,18 @@ def train_case(mesh, log=lambda what: None) -> list[float]:
 
   cfg = _train_model()
   params = jax.tree.map(np.asarray, decoder.init_params(cfg, 0))  # the same on every process
-
-  def to_mesh(x: np.ndarray, where) -> jax.Array:
-    return sharding.from_host_slices(x.shape, x.dtype, where, lambda index: x[index])
-
-  if mesh is not None:
-    params = jax.tree.map(to_mesh, params, sharding.param_shardings(cfg, params, mesh))
-  log("params placed")
+  shardings = None if mesh is None else sharding.param_shardings(cfg, params, mesh)
+  log("params built")
 
   def batches(start: int):
     for step in range(start, TRAIN_STEPS):
       tokens = np.random.default_rng(step).integers(0, cfg.vocab_size,
                                                     (TRAIN_BATCH, TRAIN_SEQ + 1), np.int32)
-      batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
-      if mesh is not None:
-        batch = {k: to_mesh(v, sharding.batch_sharding(mesh)) for k, v in batch.items()}
-      yield batch
+      yield {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
 
   result = loop.train(lambda p, b: lm_loss(cfg, p, b), params, optax.adam(3e-3), batches,
-                      loop.LoopConfig(total_steps=TRAIN_STEPS, log_every=1), progress=False)
+                      loop.LoopConfig(total_steps=TRAIN_STEPS, log_every=1), progress=False,
+                      mesh=mesh, param_shardings=shardings)
   return [r["loss"] for r in result.history]
 
 
