@@ -224,15 +224,15 @@ plot_acceptance(methods)
 # vocabulary, AdamW. The run checkpoints into `WORKDIR` (running the cell again resumes it) and
 # exports a drafter folder, loaded back with `specjax.load_drafter`.
 #
-# Training runs on one device unless this version of the trainer has a `mesh` setting, in which
-# case it trains on the notebook's mesh (the next cell prints which). A few steps do not make a
-# good drafter: the shipped ones got 600-1800.
+# Training runs on the notebook's mesh (batch rows over `data`, params tensor-parallel) when its
+# batch size splits over the data axis, else on one device (the next cell prints which). A few
+# steps do not make a good drafter: the shipped ones got 600-1800.
 
 # %%
 import os
 
 from specjax.config_utils import apply_overrides, load_config
-from specjax.train.drafter import DrafterTrainConfig, train_drafter
+from specjax.train.drafter import train_drafter
 
 workdir = os.path.join(WORKDIR, TRAIN_METHOD)
 train_cfg = load_config(f"configs.{TRAIN_METHOD}_stdlib")
@@ -245,11 +245,12 @@ train_cfg = dataclasses.replace(
     train_cfg, target_path=MODEL_DIR, source_dir=TRAIN_SOURCE_DIR, data_dir=DATA_DIR,
     workdir=workdir, export_dir=os.path.join(workdir, "export"),
     distill_cache=os.path.join(WORKDIR, "self_distill"))
-if "mesh" in {f.name for f in dataclasses.fields(DrafterTrainConfig)}:
+if train_cfg.batch_size % sharding.data_size(mesh) == 0:
   train_cfg = dataclasses.replace(train_cfg, mesh=sharding.mesh_spec(mesh))
   print("training on the mesh", sharding.mesh_spec(mesh))
-else:
-  print("training on one device (this trainer has no mesh setting)")
+else:  # every data shard takes the same number of rows
+  print(f"training on one device: batch_size {train_cfg.batch_size} does not split over "
+        f"dp={sharding.data_size(mesh)}")
 summary = train_drafter(train_cfg, target=base_target)
 meta = summary["metadata"]
 print(f"{meta['steps']} steps, {meta['tokens_seen']} tokens in {meta['wall_seconds']} s; "

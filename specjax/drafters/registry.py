@@ -81,8 +81,9 @@ def build(name: str, target: Target, **options) -> Drafter:
   (e.g. a draft LM of another vocabulary). `available` answers for the default options.
   On a target with a mesh the drafter's arrays are placed on it by its partition rules."""
   drafter = _entry(name).build(target, **options)
-  if target.mesh is not None:
-    drafter = sharding.shard_drafter(drafter, target.config, target.mesh)
+  mesh = getattr(target, "mesh", None)  # model-free builders also accept target=None
+  if mesh is not None:
+    drafter = sharding.shard_drafter(drafter, target.config, mesh)
   return drafter
 
 
