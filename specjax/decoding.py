@@ -144,17 +144,13 @@ def _cache_layout(cfg: ModelConfig, mesh) -> KVCache:
   return KVCache(k=kv, v=kv, length=sharding.batch_sharding(mesh))
 
 
-def _cache_shardings(spec: _Spec) -> KVCache:
-  return _cache_layout(spec.config, spec.mesh)
-
-
 def _state_shardings(spec: _Spec) -> DecodeState:
   """The loop state's layout: rows over data, counters replicated; the drafter's state is
   left to the partitioner (None), which propagates it from the arrays it is computed from."""
   rows, rep = sharding.batch_sharding(spec.mesh), sharding.replicated(spec.mesh)
-  return DecodeState(cache=_cache_shardings(spec), history=rows, hist_len=rows, prompt_len=rows,
-                     done=rows, calls=rows, rounds=rep, accepted_hist=rep, rng=rep,
-                     drafter_state=None, finite=rows)
+  return DecodeState(cache=_cache_layout(spec.config, spec.mesh), history=rows, hist_len=rows,
+                     prompt_len=rows, done=rows, calls=rows, rounds=rep, accepted_hist=rep,
+                     rng=rep, drafter_state=None, finite=rows)
 
 
 def _constrain(spec: _Spec, state: DecodeState) -> DecodeState:

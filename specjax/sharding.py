@@ -267,6 +267,12 @@ def logical_spec(logical: tuple[str | None, ...], amap: dict[str, str | None]) -
   return PartitionSpec(*(amap.get(n) if n else None for n in logical))
 
 
+def tracing_mesh():
+  """The (data, model) mesh being traced under (`jax.set_mesh`), or None."""
+  mesh = jax.sharding.get_abstract_mesh()
+  return None if mesh.empty or set(mesh.axis_names) != {DATA, MODEL} else mesh
+
+
 def constrain(x: jax.Array, logical: tuple[str | None, ...]) -> jax.Array:
   """Pins `x`'s layout to logical axes per dimension when traced under a (data, model) mesh
   (`jax.set_mesh`, as `generate` traces); a no-op otherwise. A dimension that its mesh axis does
@@ -275,8 +281,8 @@ def constrain(x: jax.Array, logical: tuple[str | None, ...]) -> jax.Array:
   Model code marks the few places where the partitioner's own choice would be costly: without
   them it may split a replicated KV cache along a sub-axis to match the query heads' split and
   gather it back every layer."""
-  mesh = jax.sharding.get_abstract_mesh()
-  if mesh.empty or set(mesh.axis_names) != {DATA, MODEL}:
+  mesh = tracing_mesh()
+  if mesh is None:
     return x
   axes = []
   for dim, name in zip(x.shape, logical):

@@ -24,7 +24,7 @@ from jax.sharding import PartitionSpec as P
 
 from pallas_kernels.tree_attention import pack_tree_mask, tree_attention
 from specjax.models.attention import xla_attention
-from specjax.sharding import DATA, MODEL
+from specjax.sharding import DATA, MODEL, tracing_mesh
 
 MAX_TREE_TOKENS = 128  # longest block (tree + root, or prompt bucket) sent to the kernel
 
@@ -41,14 +41,6 @@ def kernel_applies(q, k, length) -> bool:
 def _kernel(q, k, v, length, new_mask, sm_scale):
   return tree_attention(q, k, v, length, pack_tree_mask(new_mask), sm_scale=sm_scale,
                         interpret=jax.default_backend() == "cpu")
-
-
-def _mesh():
-  """The (data, model) mesh being traced under (`jax.set_mesh`), or None."""
-  mesh = jax.sharding.get_abstract_mesh()
-  if mesh.empty or set(mesh.axis_names) != {DATA, MODEL} or mesh.size == 1:
-    return None
-  return mesh
 
 
 def _sharded_kernel(mesh, q, k, v, length, new_mask, sm_scale):
@@ -86,7 +78,7 @@ def pallas_attention(q, k, v, length, new_mask, *, sm_scale):
   Traced under a device mesh (as `generate` traces on one), the kernel runs per device."""
   if not kernel_applies(q, k, length):
     return xla_attention(q, k, v, length, new_mask, sm_scale=sm_scale)
-  mesh = _mesh()
-  if mesh is None:
+  mesh = tracing_mesh()
+  if mesh is None or mesh.size == 1:
     return _kernel(q, k, v, length, new_mask, sm_scale)
   return _sharded_kernel(mesh, q, k, v, length, new_mask, sm_scale)
