@@ -334,3 +334,52 @@ def grow_dynamic_tree(root_logp: jax.Array, expand, carry, *, depth: int, top_k:
   parent = jnp.where(parent_cand < 0, -1, jnp.argmax(match, axis=-1)).astype(jnp.int32)
   tree = _make(jnp.take_along_axis(tokens, keep, axis=1), parent, depth_all[keep], None, None)
   return DynamicTree(tree, jnp.take_along_axis(scores, keep, axis=1)), carry
+
+
+# ------------------------------------------------------------------------------------------------
+# Trees from per-depth marginals (parallel drafters)
+
+
+def marginal_tree_capacity(depth: int, top_k: int) -> int:
+  """The most nodes `tree_from_marginals` can keep for `depth` and `top_k`."""
+  return top_k + (depth - 1) * top_k * top_k
+
+
+def tree_from_marginals(logp: jax.Array, *, num_nodes: int, top_k: int | None = None
+                        ) -> DynamicTree:
+  """The best `num_nodes`-node tree from the per-depth marginals of one parallel draft pass
+  (DFlash and kin): DDTree's best-first tree (Ringel et al. 2026) with static shapes.
+
+  logp: float32[B, D, V] log-probabilities of the token at depth d + 1 below the root, each
+    depth's distribution independent of the tokens above it (a block drafted in one pass).
+
+  A node is a path of ranks (r_1, ..., r_d) below the root, holding the rank-r_d token of depth
+  d; its score is the sum of its tokens' log-probabilities (the product of marginals). Scores
+  fall along both a path and a sibling list, so the `num_nodes` best nodes form a prefix-closed
+  tree, and the best-first heap that pops a node and pushes its next sibling and first child
+  keeps exactly them. Here the same set is taken level by level (`grow_dynamic_tree` with every
+  node expanded by the same depth marginal): the best `top_k` nodes of each depth are kept as
+  the frontier and the tree is the best `num_nodes` of all candidates. With top_k >= num_nodes
+  (the default: top_k = min(num_nodes, V)) nothing of the best-first tree is ever cut, since no
+  depth holds more than `num_nodes` of its nodes; a smaller top_k trades that for a cheaper
+  selection. top_k = 1 with num_nodes = D is the chain of per-depth argmaxes, which is what the
+  DFlash reference verifies.
+
+  Children are the top-ranked tokens of deterministic scores, never samples: the tree needs no
+  q (`Tree.q` is None) and recursive rejection against the target's own distribution keeps any
+  temperature's output law exact.
+  """
+  b, d, v = logp.shape
+  k = min(num_nodes, v) if top_k is None else top_k
+  if not 1 <= k <= v:
+    raise ValueError(f"top_k must be in [1, {v}] (the vocabulary the marginals cover), got {k}")
+  if not 1 <= num_nodes <= marginal_tree_capacity(d, k):
+    raise ValueError(f"num_nodes must be in [1, {marginal_tree_capacity(d, k)}] for depth {d} "
+                     f"and top_k {k}, got {num_nodes}")
+  logp = logp.astype(jnp.float32)
+
+  def expand(carry, tokens, parent, level):  # every frontier node reads the next depth's marginal
+    return jnp.broadcast_to(logp[:, level][:, None], (b, tokens.shape[1], v)), carry
+
+  grown, _ = grow_dynamic_tree(logp[:, 0], expand, (), depth=d, top_k=k, num_nodes=num_nodes)
+  return grown

@@ -9,6 +9,7 @@ package only re-exports: importing it imports every family file, which registers
 """
 
 from specjax.drafters import (  # noqa: F401
+                              dflash,
                               draft_lm,
                               eagle,
                               eagle3,

@@ -239,6 +239,8 @@ class DepthInputs:
   emb: jax.Array  # [V, E] the target's input embedding (frozen)
   head: jax.Array | None  # [E, Vd] the target's LM head over the draft vocabulary, for families
   #                         that draft through it (`Family.uses_target_head`), else None
+  starts: jax.Array | None = None  # int32[B, N] the starts t the view is asked for (training
+  #                         on a subset, `Family.starts`); None: every t of the row
 
 
 class Family(abc.ABC):
@@ -253,7 +255,8 @@ class Family(abc.ABC):
     uses_target_head: drafts through the target's frozen LM head restricted to the draft
       vocabulary (`restricted_head`), which training and loading then provide as `head`.
     options: the family-specific fields of the training config it reads (among `num_heads`,
-      `regression_weight`, `feature_noise`, `target_layers`, `frozen_head`); the trainer refuses
+      `regression_weight`, `feature_noise`, `target_layers`, `frozen_head`, `num_layers`,
+      `block_size`, `num_anchors`: `specjax.train.drafter.FAMILY_OPTIONS`); the trainer refuses
       a run that sets any other one away from its default.
   """
 
@@ -287,6 +290,13 @@ class Family(abc.ABC):
   def check_training(self, cfg) -> None:  # noqa: B027 (optional hook: nothing to check)
     """Raises ValueError for a training config (`DrafterTrainConfig`) this family cannot run."""
 
+  def starts(self, cfg, key: jax.Array, batch: int, length: int) -> jax.Array | None:
+    """int32[batch, N]: the starts a training step scores (`DepthInputs.starts`), drawn from
+    `key`; None (the default): every start of the row. A family whose view costs the same per
+    start (one block per start, DFlash) trains on a random subset."""
+    del cfg, key, batch, length
+    return None
+
   def frozen_leaves(self, cfg) -> Callable[[Any], Any] | None:
     """`params -> bool per leaf`: the leaves training keeps fixed under `cfg`, or None."""
     del cfg
@@ -298,7 +308,9 @@ class Family(abc.ABC):
     """The training view: (logits float32[num_steps, B, T, Vd], aux loss scalar).
 
     logits[s, b, t] is the family's draft distribution for the token at t + s + 2, made from
-    the state a depth-(s + 1) tree node would have at inference after position t. aux is the
+    the state a depth-(s + 1) tree node would have at inference after position t. When
+    `x.starts` is given (a family's own `starts`), the third axis runs over those starts
+    instead: logits[s, b, n] for the token at starts[b, n] + s + 2. aux is the
     family's auxiliary loss (weighted by the run's `regression_weight`); `train` is False for
     evaluation, where only the logits are used."""
 

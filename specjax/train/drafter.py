@@ -57,7 +57,7 @@ from specjax.train.target_lm import portable_path
 # Fields of `DrafterTrainConfig` that only some families read (`Family.options`): a run that sets
 # one away from its default for a family that does not read it is refused, not silently ignored.
 FAMILY_OPTIONS = ("num_heads", "regression_weight", "feature_noise", "target_layers",
-                  "frozen_head")
+                  "frozen_head", "num_layers", "block_size", "num_anchors")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +96,11 @@ class DrafterTrainConfig:
   target_layers: tuple[int, ...] | None = None
   # Head ablation: keep the drafter's own draft head at its initial value (the target's).
   frozen_head: bool = False
+  # Block-parallel drafters (DFlash): draft decoder layers, block size B (the last token and
+  # B - 1 masked positions) and the random starts (anchors) a step trains per row (0: all).
+  num_layers: int = 1
+  block_size: int = 8
+  num_anchors: int = 0
   eval_depth: int = 5
   seq_len: int = 256
   batch_size: int = 16
@@ -165,6 +170,12 @@ def _target_view(setup: _Setup, frozen, tokens):
   return jax.lax.stop_gradient(feats), jax.lax.stop_gradient(out.logits.astype(jnp.float32))
 
 
+def _at(x: jax.Array, index: jax.Array) -> jax.Array:
+  """x [B, T, ...] at int32[B, N] positions (clipped into the row) -> [B, N, ...]."""
+  index = jnp.clip(index, 0, x.shape[1] - 1)
+  return jnp.take_along_axis(x, index.reshape(index.shape + (1,) * (x.ndim - 2)), axis=1)
+
+
 def drafter_loss(setup: _Setup, cfg: DrafterTrainConfig, params, batch):
   frozen, tokens = batch["frozen"], batch["tokens"]
   feats, logits = _target_view(setup, frozen, tokens)
@@ -177,25 +188,30 @@ def drafter_loss(setup: _Setup, cfg: DrafterTrainConfig, params, batch):
   if cfg.feature_noise:
     inputs = feats + jax.random.uniform(batch["key"], feats.shape, feats.dtype,
                                         -cfg.feature_noise, cfg.feature_noise)
-  x = learned.DepthInputs(inputs, feats, tokens, frozen["emb"], frozen["head"])
+  b, t = tokens.shape
+  starts = setup.family.starts(cfg, jax.random.fold_in(batch["key"], 1), b, t)
+  x = learned.DepthInputs(inputs, feats, tokens, frozen["emb"], frozen["head"], starts)
   draft, aux = setup.family.depth_logits(setup.net, params, x, steps, train=True)
-  t = tokens.shape[1]
+  if starts is None:
+    starts = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
   total, metrics = aux * cfg.regression_weight, {"aux": aux}
-  chain = jnp.ones(tokens.shape, bool)  # by start: depths so far all agreed (chain_loss)
+  chain = jnp.ones(starts.shape, bool)  # by start: depths so far all agreed (chain_loss)
   for s in range(steps):
-    logq = jax.nn.log_softmax(draft[s, :, :t - s - 1], axis=-1)
-    ce = -(p[:, s + 1:] * logq).sum(-1)
-    mask = in_vocab[:, s + 1:].astype(jnp.float32)
+    label = starts + s + 1  # the position whose target distribution scores depth s + 1
+    inside = label < t
+    logq = jax.nn.log_softmax(draft[s], axis=-1)
+    ce = -(_at(p, label) * logq).sum(-1)
+    mask = (_at(in_vocab, label) & inside).astype(jnp.float32)
     # chain_loss: averaged over all starts, so depth s + 1 weighs as often as a chain reaches it
     # (its share of the expected accepted length), not as a mean over the few chains early on.
-    on = chain[:, :t - s - 1].astype(jnp.float32) if cfg.chain_loss else 1.0
+    on = chain.astype(jnp.float32) if cfg.chain_loss else 1.0
     loss_s = (ce * mask * on).sum() / jnp.maximum(mask.sum(), 1.0)
     total = total + cfg.step_decay**s * loss_s
     metrics[f"ce_{s + 1}"] = loss_s
     if cfg.chain_loss:
-      hit = jnp.take(d2t, jnp.argmax(jax.lax.stop_gradient(logq), -1)) == want[:, s + 1:]
-      chain = chain[:, :t - s - 1] & hit
-      metrics[f"chain_{s + 1}"] = chain.mean()
+      hit = jnp.take(d2t, jnp.argmax(jax.lax.stop_gradient(logq), -1)) == _at(want, label)
+      chain = chain & hit
+      metrics[f"chain_{s + 1}"] = (chain & inside).sum() / jnp.maximum(inside.sum(), 1)
   return total, metrics
 
 
