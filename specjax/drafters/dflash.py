@@ -57,6 +57,7 @@ class DFlashConfig:
   block_size: int = 8  # B: the last token and B - 1 masked positions
   draft_vocab_size: int = 2048
   mask_token_id: int | None = None  # a target embedding row as the mask; None: own mask vector
+  correction_rank: int = 0  # the causal correction's width (0: none; `Correction`)
 
   def __post_init__(self):
     if not checks.is_int(self.block_size) or self.block_size < 2:
@@ -65,6 +66,8 @@ class DFlashConfig:
     if self.mask_token_id is not None and not 0 <= self.mask_token_id < self.model.vocab_size:
       raise ValueError(f"mask_token_id {self.mask_token_id} is outside the target vocabulary "
                        f"[0, {self.model.vocab_size})")
+    if not checks.is_int(self.correction_rank) or self.correction_rank < 0:
+      raise ValueError(f"correction_rank must be an int >= 0, got {self.correction_rank!r}")
 
   @property
   def dtype(self) -> str:
@@ -142,6 +145,26 @@ class DFlashLayer(nnx.Module):
     return x + self.mlp(self.post_attention_layernorm(x))
 
 
+class Correction(nnx.Module):
+  """The causal correction: h'_k = h_k + up(silu(down([h_k, e(x_{k-1})]))), a rank-r residual
+  that conditions block position k on the token drafted at k - 1 (the block's first token for
+  k = 1), in the spirit of TreeFlash and Domino. `up` starts at zero: an untrained correction
+  is the identity. Inference applies it depth by depth, so a tree's siblings no longer share
+  one marginal; it costs one small matmul and one head per depth."""
+
+  def __init__(self, e: int, rank: int, eps: float, dtype, rngs: nnx.Rngs):
+    self.norm = RMSNorm(e, eps, dtype)
+    self.down = nnx.Linear(2 * e, rank, use_bias=False, dtype=dtype, param_dtype=dtype,
+                           kernel_init=nnx.initializers.normal(0.02), rngs=rngs)
+    self.up = nnx.Linear(rank, e, use_bias=False, dtype=dtype, param_dtype=dtype,
+                         kernel_init=nnx.initializers.zeros, rngs=rngs)
+
+  def __call__(self, h: jax.Array, prev_emb: jax.Array) -> jax.Array:
+    """h: [..., E] block outputs; prev_emb: [..., E] embeddings of the tokens above them."""
+    z = jnp.concatenate([h, self.norm(prev_emb.astype(h.dtype))], axis=-1)
+    return h + self.up(jax.nn.silu(self.down(z)))
+
+
 class DFlashNet(nnx.Module):
 
   def __init__(self, cfg: DFlashConfig, rngs: nnx.Rngs):
@@ -155,6 +178,8 @@ class DFlashNet(nnx.Module):
     if cfg.mask_token_id is None:
       self.mask_embedding = nnx.Param(
           nnx.initializers.normal(0.02)(rngs.params(), (e,), dtype))
+    if cfg.correction_rank:
+      self.correction = Correction(e, cfg.correction_rank, m.rms_norm_eps, dtype, rngs)
     self.rope = (m.head_dim, m.rope_theta, m.rope_scaling)  # static; tables at trace time
 
   def tables(self, positions: jax.Array):
@@ -252,9 +277,8 @@ class DFlashDrafter(learned.LearnedDrafter):
     cache = self._write_context(self._net(), cache, feats, positions)
     return DFlashState(cache.replace(length=prefill.hist_len - 1))
 
-  def block_logits(self, target: TargetView, state: DFlashState, ctx: DraftContext):
-    """float32[B, depth, Vd (+ recent)] draft logits of depths 1..depth, and the recent ids."""
-    net = self._net()
+  def _block(self, net: DFlashNet, target: TargetView, state: DFlashState, ctx: DraftContext):
+    """[B, depth, E] the block's outputs at depths 1..depth (the head's input)."""
     cfg = target.config
     size = self.net.block_size
     cache = state.cache
@@ -265,15 +289,47 @@ class DFlashDrafter(learned.LearnedDrafter):
     positions = (start[:, None] + jnp.arange(size)[None, :]).astype(jnp.int32)[:, None]
     ctx_mask = (jnp.arange(cache.max_len)[None, :] < cache.length[:, None])[:, None]
     ctx_kv = [(cache.k[i], cache.v[i]) for i in range(self.net.model.num_layers)]
-    h = net(x, positions, ctx_kv, ctx_mask)[:, 0, 1:self.depth + 1]  # [B, depth, E]
+    return net(x, positions, ctx_kv, ctx_mask)[:, 0, 1:self.depth + 1]
+
+  def _head(self, h: jax.Array, recent: learned.RecentVocab | None) -> jax.Array:
+    logits = jnp.einsum("B...E,EV->B...V", h, self.head, preferred_element_type=jnp.float32)
+    return learned.with_recent(logits, h, recent)
+
+  def block_logits(self, target: TargetView, state: DFlashState, ctx: DraftContext,
+                   prev: jax.Array | None = None):
+    """(float32[B, depth, Vd (+ recent)] draft logits of depths 1..depth, the round's recent
+    ids). Without a correction these are the block's marginals; with one, depth d is
+    conditioned on prev[:, d - 1] (int32[B, depth] target ids; prev[:, 0] is `pending`)."""
+    net = self._net()
+    h = self._block(net, target, state, ctx)
+    if self.net.correction_rank:
+      if prev is None:
+        raise ValueError("a corrected DFlash's depth d reads the token at d - 1: pass prev")
+      h = net.correction(h, learned.embed(target.config, target.params, prev))
     recent = self.recent_vocab(target, ctx)
-    logits = jnp.einsum("BPE,EV->BPV", h, self.head, preferred_element_type=jnp.float32)
-    return learned.with_recent(logits, h, recent), recent
+    return self._head(h, recent), recent
 
   def draft(self, target: TargetView, state: DFlashState, ctx: DraftContext):
-    logits, recent = self.block_logits(target, state, ctx)
-    grown = trees.tree_from_marginals(learned.draft_logprobs(logits),
-                                      num_nodes=self.total_tokens, top_k=self.top_k)
+    net = self._net()
+    h = self._block(net, target, state, ctx)
+    recent = self.recent_vocab(target, ctx)
+    if not self.net.correction_rank:  # one marginal per depth: DDTree's best-first tree
+      grown = trees.tree_from_marginals(learned.draft_logprobs(self._head(h, recent)),
+                                        num_nodes=self.total_tokens, top_k=self.top_k)
+    else:  # each frontier node's children conditioned on its own token
+      cfg = target.config
+
+      def corrected(level, tokens):  # tokens: int32[B, k] target ids above depth level + 1
+        hk = jnp.broadcast_to(h[:, level, None], tokens.shape + h.shape[-1:])
+        hk = net.correction(hk, learned.embed(cfg, target.params, tokens))
+        return learned.draft_logprobs(self._head(hk, recent))
+
+      def expand(carry, tokens, parent, level):
+        return corrected(level, self.to_target_ids(tokens, recent)), carry
+
+      root = corrected(0, ctx.pending[:, None])[:, 0]
+      grown, _ = trees.grow_dynamic_tree(root, expand, (), depth=self.depth, top_k=self.top_k,
+                                         num_nodes=self.total_tokens)
     tree = grown.tree.replace(tokens=self.to_target_ids(grown.tree.tokens, recent))
     return tree, state, ctx.cache
 
@@ -317,6 +373,10 @@ def training_logits(net: DFlashNet, cfg: DFlashConfig, feats, tokens, emb_table,
   block_pos = (starts + 1)[:, :, None] + jnp.arange(size)[None, None, :]
   ctx_mask = jnp.arange(t)[None, None, :] <= starts[:, :, None]  # strict: before the anchor
   h = net(x, block_pos.astype(jnp.int32), ctx_kv, ctx_mask)[:, :, 1:num_steps + 1]
+  if cfg.correction_rank:  # depth k reads the true token at k - 1 (teacher forcing)
+    above = jnp.minimum(starts[:, :, None] + 1 + jnp.arange(num_steps)[None, None, :], t - 1)
+    prev = jnp.take_along_axis(tokens, above.reshape(b, -1), axis=1).reshape(above.shape)
+    h = net.correction(h, jnp.take(emb_table, prev, axis=0))
   logits = jnp.einsum("BNPE,EV->PBNV", h, head, preferred_element_type=jnp.float32)
   return logits
 
@@ -327,7 +387,7 @@ class DFlashFamily(learned.Family):
   module = DFlashNet
   config_cls = DFlashConfig
   uses_target_head = True
-  options = ("target_layers", "num_layers", "block_size", "num_anchors")
+  options = ("target_layers", "num_layers", "block_size", "num_anchors", "correction_rank")
 
   def default_taps(self, target_cfg: ModelConfig) -> tuple[int, ...]:
     """Low, middle and high taps spread over the target (outputs of layers L // 3, 2L // 3 and
@@ -336,11 +396,13 @@ class DFlashFamily(learned.Family):
     return tuple(sorted({max(1, n // 3), max(1, 2 * n // 3), n}))
 
   def make_config(self, target_cfg, *, draft_vocab_size, num_features, num_layers: int = 1,
-                  block_size: int = 8, mask_token_id: int | None = None, **_) -> DFlashConfig:
+                  block_size: int = 8, mask_token_id: int | None = None, correction_rank: int = 0,
+                  **_) -> DFlashConfig:
     num_layers = checks.integer("num_layers", num_layers, lo=1)
     model = target_cfg.replace(num_layers=num_layers, attention_impl="xla", qk_norm=True,
                                compute_dtype=target_cfg.dtype)
-    return DFlashConfig(model, num_features, block_size, draft_vocab_size, mask_token_id)
+    return DFlashConfig(model, num_features, block_size, draft_vocab_size, mask_token_id,
+                        correction_rank)
 
   def check_training(self, cfg) -> None:
     steps = max(cfg.train_steps, cfg.eval_depth)

@@ -57,7 +57,7 @@ from specjax.train.target_lm import portable_path
 # Fields of `DrafterTrainConfig` that only some families read (`Family.options`): a run that sets
 # one away from its default for a family that does not read it is refused, not silently ignored.
 FAMILY_OPTIONS = ("num_heads", "regression_weight", "feature_noise", "target_layers",
-                  "frozen_head", "num_layers", "block_size", "num_anchors")
+                  "frozen_head", "num_layers", "block_size", "num_anchors", "correction_rank")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +101,7 @@ class DrafterTrainConfig:
   num_layers: int = 1
   block_size: int = 8
   num_anchors: int = 0
+  correction_rank: int = 0  # DFlash's causal correction (0: none)
   eval_depth: int = 5
   seq_len: int = 256
   batch_size: int = 16
