@@ -9,13 +9,14 @@ checks, initialisation, frozen leaves) comes from the family object; nothing her
 
 Loss (soft targets, forward KL up to a constant): for each step s, the cross-entropy
 -sum_v p(v) log q_s(v) where p is the target's distribution renormalised over the draft vocabulary
-(EAGLE-3's convention), averaged over positions whose target argmax lies in the draft vocabulary
-(a drafter cannot propose the others), weighted decay^s and summed; plus the family's auxiliary
-loss, e.g. EAGLE-1's feature regression (`chain_loss` keeps only the starts whose shallower
-drafts all agreed). Held-out evaluation reports top-1 agreement with the target per draft depth:
-the fraction of positions where the drafter's argmax (mapped to target ids) equals the target's
-argmax, for the depth-d
-prediction of the training view; and chain tau, 1 + sum_d P(depths 1..d all agree), the
+(EAGLE-3's convention; `hard_targets`: the one-hot of its greedy token instead), averaged over
+positions whose target argmax lies in the draft vocabulary (a drafter cannot propose the others),
+weighted decay^s and summed; plus the family's auxiliary loss, e.g. EAGLE-1's feature regression
+(`chain_loss` keeps only the starts whose shallower drafts all agreed). A family may score a
+subset of starts per row (`Family.starts`: DFlash's random anchors). Held-out evaluation reports
+top-1 agreement with the target per draft depth: the fraction of positions where the drafter's
+argmax (mapped to target ids) equals the target's argmax, for the depth-d prediction of the
+training view, over every start; and chain tau, 1 + sum_d P(depths 1..d all agree), the
 acceptance a chain gets (per-depth agreement also counts deep hits after a miss).
 
 Data: packed rows of the stdlib corpus, or self-distillation: continuations the target itself
@@ -79,6 +80,9 @@ class DrafterTrainConfig:
   draft_vocab_size: int = 2048  # most frequent target tokens of the training data
   train_steps: int = 4  # depths of the training view that are trained (1 = the next draft only)
   step_decay: float = 0.8  # weight of depth s: decay^s
+  # Hard targets: cross-entropy against the target's greedy token instead of its distribution
+  # renormalised over the draft vocabulary (soft targets, the default).
+  hard_targets: bool = False
   # Acceptance-aware loss (AUF / VAT style): depth s + 1 is scored only at starts where the
   # drafter's own top-1 (no gradient) agreed with the target at depths 1..s -- the states a chain
   # reaches at inference; past a miss it would stop. Averaged over all starts, so each depth
@@ -181,7 +185,11 @@ def drafter_loss(setup: _Setup, cfg: DrafterTrainConfig, params, batch):
   frozen, tokens = batch["frozen"], batch["tokens"]
   feats, logits = _target_view(setup, frozen, tokens)
   d2t = frozen["d2t"]
-  p = jax.nn.softmax(jnp.take(logits, d2t, axis=-1), axis=-1)  # renormalised on the draft vocab
+  restricted = jnp.take(logits, d2t, axis=-1)
+  if cfg.hard_targets:  # the target's greedy token (scored only where the draft vocab has it)
+    p = jax.nn.one_hot(jnp.argmax(restricted, -1), d2t.shape[0], dtype=restricted.dtype)
+  else:
+    p = jax.nn.softmax(restricted, axis=-1)  # renormalised on the draft vocab
   want = jnp.argmax(logits, -1)  # the target's greedy tokens
   in_vocab = jnp.zeros((logits.shape[-1],), bool).at[d2t].set(True)[want]
   steps = cfg.train_steps
