@@ -1,4 +1,4 @@
-"""Train a learned drafter (Medusa, Hydra, EAGLE, EAGLE-3) against the frozen target and export it.
+"""Train a learned drafter (Medusa, Hydra, EAGLE, EAGLE-3, DFlash) against the frozen target.
 
   python -m experiments.train_drafter --config configs/eagle3_stdlib.py
   python -m experiments.train_drafter --config configs/medusa_stdlib.py --set optim.total_steps=50
