@@ -227,6 +227,13 @@ CASES = {
                                 r"\[1, 96\]"),
     "eagle_too_many_nodes": (learned("eagle", depth=2, top_k=2, total_tokens=7), ValueError,
                              r"total_tokens must be in \[1, 6\] for depth 2 and top_k 2, got 7"),
+    "dflash_depth_beyond_block": (learned("dflash", depth=8), ValueError,
+                                  r"depth 8 does not fit the drafter's block: a block of 8 "
+                                  r"drafts depths 1\.\.7"),
+    "dflash_too_many_nodes": (learned("dflash", depth=2, top_k=2, total_tokens=7), ValueError,
+                              r"total_tokens must be in \[1, 6\] for depth 2 and top_k 2"),
+    "dflash_top_k_above_vocab": (learned("dflash", top_k=V + 1), ValueError,
+                                 r"top_k must be in \[1, 96\] \(the draft vocabulary\), got 97"),
     "recent_tokens_negative": (learned("medusa", recent_tokens=-1), ValueError,
                                r"recent_tokens must be >= 0, got -1"),
     "recent_tokens_float": (learned("eagle", recent_tokens=2.5), ValueError,

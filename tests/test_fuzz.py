@@ -108,8 +108,8 @@ def test_every_registered_family_is_fuzzed():
   assert set(FAMILIES) == set(drafters.names())
 
 
-FAMILIES = ["draft_lm", "eagle", "eagle3", "hydra", "layer_skip", "medusa", "prompt_lookup",
-            "token_recycling"]
+FAMILIES = ["dflash", "draft_lm", "eagle", "eagle3", "hydra", "layer_skip", "medusa",
+            "prompt_lookup", "token_recycling"]
 
 
 @pytest.mark.slow

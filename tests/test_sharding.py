@@ -209,6 +209,7 @@ _TINY_DRAFTERS = {
     "hydra": lambda t: tt.learned_drafter("hydra", t),
     "eagle": lambda t: tt.learned_drafter("eagle", t, depth=4, top_k=3, total_tokens=8),
     "eagle3": lambda t: tt.learned_drafter("eagle3", t, depth=4, top_k=3, total_tokens=8),
+    "dflash": lambda t: tt.learned_drafter("dflash", t, depth=4, top_k=3, total_tokens=8),
 }
 
 

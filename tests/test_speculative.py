@@ -101,6 +101,13 @@ _GREEDY_DRAFTERS = {
                                                            total_tokens=24)),
     "eagle3_recent": ("eagle3", lambda t: tt.learned_drafter(
         "eagle3", t, d2t=np.arange(0, t.config.vocab_size, 4), recent_tokens=12)),
+    # DFlash: the chain over the whole block (7 nodes), a best-first tree from the block's
+    # marginals, and a quarter of the vocabulary plus recent tokens.
+    "dflash_chain": ("dflash", lambda t: tt.learned_drafter("dflash", t)),
+    "dflash_tree": ("dflash", lambda t: tt.learned_drafter("dflash", t, top_k=4,
+                                                           total_tokens=16)),
+    "dflash_recent": ("dflash", lambda t: tt.learned_drafter(
+        "dflash", t, d2t=np.arange(0, t.config.vocab_size, 4), recent_tokens=12)),
 }
 
 
@@ -223,7 +230,7 @@ def test_identical_drafter_accepts_everything(target, greedy_drafters, batch):
 # 2. Sampling: chi-square against the exact law of the first three tokens.
 
 N_ROWS = 24576  # sampled rows per test, in one batched call
-ALPHA = 1e-6  # per test; 29 tests here: family-wise false alarm <= 2.9e-5 (Bonferroni)
+ALPHA = 1e-6  # per test; 35 tests here: family-wise false alarm <= 3.5e-5 (Bonferroni)
 SAMPLING_PROMPT = [3, 1, 4, 1, 5, 1, 4, 2, 6, 5, 3, 1]  # repeats: prompt lookup proposes at once
 SAMPLING_PAD = 16
 SAMPLINGS = {"T1": SamplingConfig(1.0), "T0.7_p0.9": SamplingConfig(0.7, top_p=0.9)}
@@ -250,6 +257,10 @@ _SAMPLING_DRAFTERS = {
                                                  total_tokens=8, recent_tokens=6),
     "eagle3": lambda t: tt.learned_drafter("eagle3", t, depth=3, top_k=3, total_tokens=8),
     "eagle3_recent": lambda t: tt.learned_drafter("eagle3", t, d2t=np.arange(3), depth=3,
+                                                  top_k=3, total_tokens=8, recent_tokens=6),
+    "dflash_chain": lambda t: tt.learned_drafter("dflash", t, depth=3),
+    "dflash_tree": lambda t: tt.learned_drafter("dflash", t, depth=3, top_k=3, total_tokens=8),
+    "dflash_recent": lambda t: tt.learned_drafter("dflash", t, d2t=np.arange(3), depth=3,
                                                   top_k=3, total_tokens=8, recent_tokens=6),
 }
 
@@ -320,17 +331,18 @@ def test_sampling_matches_exact_law(sampling_target, sampling_drafters, name, sa
   """24576 copies of one prompt, generated in ONE batched call with 3 new tokens (each row has its
   own rng stream: independent draws): the joint counts of (x1, x2, x3) follow the exact law of
   the target (`_exact_law`), by a Pearson chi-square test with cells of expected count < 5 pooled,
-  rejected at ALPHA = 1e-6 (Bonferroni: the 29 such tests here have a family-wise false-alarm
-  probability <= 2.9e-5). The test asserts its own power: >= 0.99 against a bias of
+  rejected at ALPHA = 1e-6 (Bonferroni: the 35 such tests here have a family-wise false-alarm
+  probability <= 3.5e-5). The test asserts its own power: >= 0.99 against a bias of
   D = sum (r - p)^2 / p = 0.01 over the pooled cells (N = 24576 gives > 0.9999 here).
 
   x1 comes from the prefill, x2 and x3 from the first round(s): accepted drafts or the bonus
   token, so rows that reject early test the residual draw. Cases: the q-based chain rule
   (layer_skip and a random draft LM sampled with q; the target as its own draft LM, where every
   draft must be accepted), the recursive tree rule (Token Recycling's 14-node tree, prompt
-  lookup's 3 branches, the top-k trees of random Medusa, Hydra, EAGLE and EAGLE-3 drafters, and
-  of Hydra, EAGLE and EAGLE-3 over 3-4 ids plus the history's recent tokens), and drafter=None,
-  which separates sampler bugs from speculation bugs.
+  lookup's 3 branches, the top-k trees of random Medusa, Hydra, EAGLE and EAGLE-3 drafters,
+  DFlash's argmax chain and best-first tree from its block's marginals, and of Hydra, EAGLE,
+  EAGLE-3 and DFlash over 3-4 ids plus the history's recent tokens), and drafter=None, which
+  separates sampler bugs from speculation bugs.
   Zero-probability outcomes (outside top-p) must never occur."""
   seed = 100 * list(_SAMPLING_DRAFTERS).index(name) + list(SAMPLINGS).index(sampling)
   _check_exact_law(sampling_target, sampling_drafters[name], name, SAMPLINGS[sampling], seed)

@@ -224,8 +224,8 @@ def check_block_options(depth: int, top_k: int, total_tokens: int, block_size: i
     raise ValueError(f"top_k must be in [1, {vocab}] (the draft vocabulary), got {top_k}")
   most = trees.marginal_tree_capacity(depth, top_k)
   if not 1 <= total_tokens <= most:
-    raise ValueError(f"total_tokens {total_tokens} is larger than a block of {block_size} "
-                     f"allows at depth {depth} and top_k {top_k}: it must be in [1, {most}]")
+    raise ValueError(f"total_tokens must be in [1, {most}] for depth {depth} and top_k {top_k} "
+                     f"(a block of {block_size}), got {total_tokens}")
   return depth, top_k, total_tokens
 
 

@@ -70,6 +70,19 @@ def test_eagle3_resume_after_interruption_is_bitwise_identical(source_dir, targe
   assert len(glob.glob(os.path.join(tmp_path, "distill", "distill-*.npy"))) == 1
 
 
+def test_dflash_random_anchors_resume_exactly(source_dir, target, tmp_path):
+  """DFlash's random anchors are drawn from the step's key: a run stopped after 3 steps and
+  resumed (between checkpoints) ends with the uninterrupted run's parameters bit for bit."""
+  opts = ("source=corpus", "num_anchors=6")
+  straight = train_drafter(_config("dflash", source_dir, tmp_path / "a", *opts), progress=False,
+                           target=target)
+  cfg = _config("dflash", source_dir, tmp_path / "b", *opts)
+  assert train_drafter(cfg, stop_after=3, progress=False, target=target)["step"] == 3
+  resumed = train_drafter(cfg, progress=False, target=target)
+  assert resumed["finished"] and resumed["step"] == 6
+  _assert_params_equal(straight["params"], resumed["params"])
+
+
 def test_self_distillation_resumes_from_its_chunks(source_dir, target, tmp_path, monkeypatch,
                                                   capsys):
   """Self-distillation saves each generated chunk as it goes: killed after one of three chunks it
@@ -113,7 +126,7 @@ def test_self_distillation_resumes_from_its_chunks(source_dir, target, tmp_path,
 def test_drafter_exports_default_to_the_workdir(source_dir, tmp_path):
   """The shipped recipes export into their workdir (`runs/<name>/export`), never into the
   shipped assets unless `export_dir` names them."""
-  for method in ("medusa", "hydra", "eagle", "eagle3"):
+  for method in ("medusa", "hydra", "eagle", "eagle3", "dflash"):
     cfg = load_config(f"configs/{method}_stdlib.py")
     assert cfg.export_dir is None and cfg.workdir == f"runs/{method}_stdlib"
   for name in ("target_stdlib", "draft_lm_stdlib"):
@@ -153,13 +166,17 @@ def test_resuming_with_other_settings_is_refused(source_dir, target, tmp_path):
   assert resumed["finished"] and resumed["step"] == 6
 
 
-@pytest.mark.parametrize("method", ["medusa", "hydra", "eagle", "eagle3"])
+# Options a family needs on the tiny rows (DFlash's recipe draws 64 anchors from rows of 256).
+_TINY_OPTIONS = {"dflash": ("num_anchors=8",)}
+
+
+@pytest.mark.parametrize("method", ["medusa", "hydra", "eagle", "eagle3", "dflash"])
 def test_training_exports_a_loadable_drafter(source_dir, target, tmp_path, method):
   """A short corpus run lowers the loss, exports a folder with metadata, and the folder loads
   (bfloat16 weights) into a drafter whose greedy output equals autoregressive decoding."""
   cfg = _config(method, source_dir, tmp_path / method, "source=corpus",
                 "export_dtype=bfloat16", "optim.total_steps=8", "optim.learning_rate=0.003",
-                "log_every=1")
+                "log_every=1", *_TINY_OPTIONS.get(method, ()))
   summary = train_drafter(cfg, progress=False, target=target)
   losses = [r["loss"] for r in summary["history"] if "loss" in r]
   assert losses[-1] < losses[0]
@@ -293,7 +310,7 @@ def test_bad_configs_are_rejected():
   with pytest.raises(ValueError, match="feature_noise must be >= 0"):
     load_config("configs/eagle_stdlib.py", ["feature_noise=-0.1"])
   with pytest.raises(ValueError, match=r"target_layers is not an option of eagle .*read by "
-                     r"\['eagle3'\]"):
+                     r"\['dflash', 'eagle3'\]"):
     load_config("configs/eagle_stdlib.py", ["target_layers=3,6"])
   with pytest.raises(ValueError, match=r"frozen_head is not an option of eagle .*read by "
                      r"\['eagle3'\]"):
