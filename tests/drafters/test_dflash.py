@@ -114,6 +114,63 @@ def test_block_logits_match_the_training_view(target, tree_drafter, rounds):
   assert tree.q is None  # deterministic children: recursive rejection needs no q
 
 
+def corrected_drafter(target, rank: int = 8, **tree_options):
+  """A random-weight DFlash with the causal correction (its `up` projection perturbed away from
+  zero, so the correction is active)."""
+  fam = dflash.FAMILY
+  taps = fam.default_taps(target.config)
+  net = fam.make_config(target.config, draft_vocab_size=D2T.size, num_features=len(taps),
+                        correction_rank=rank)
+  params = learned.init_params(dflash.DFlashNet, net, 0)
+  leaves, treedef = jax.tree.flatten(params)
+  keys = jax.random.split(jax.random.key(3), len(leaves))
+  params = jax.tree.unflatten(treedef, [x + 0.3 * jax.random.normal(k, x.shape, x.dtype)
+                                        if x.ndim >= 2 else x for x, k in zip(leaves, keys)])
+  return fam.assemble(net, params, jnp.asarray(D2T), target, taps, **tree_options)
+
+
+def test_corrected_tree_matches_the_training_view(target):
+  """With the causal correction, depth d is conditioned on the token above it: the depth-1
+  candidates equal the training view's (teacher forcing on the true next token = pending), and
+  the children of the best depth-1 node equal the training view over the history extended by
+  that node's token (depth 2 conditioned on it)."""
+  drafter = corrected_drafter(target, top_k=3, total_tokens=9)
+  state = _rounds(target, drafter, 3)
+  ds = state.drafter_state
+  n = int(state.hist_len[0])
+  view, ctx = _view(target), _ctx(state)
+  tree, _, _ = drafter.draft(view, ds, ctx)
+  tokens, parent, depth = (np.asarray(x[0]) for x in (tree.tokens, tree.parent, tree.depth))
+  top = int(tokens[0])
+  history = np.asarray(state.history[0, :n]).tolist() + [top]
+  feats = learned.concat_features(_hidden(target, history, drafter.hidden_layers))
+  emb = learned.target_embedding(target.config, target.params)
+  net = learned.merge(dflash.DFlashNet, drafter.net, drafter.params)
+  ref = np.asarray(dflash.training_logits(
+      net, drafter.net, feats, jnp.asarray([history], jnp.int32), emb, drafter.head,
+      jnp.asarray([[n - 2]], jnp.int32), 2)[:, 0, 0])  # [2, Vd]
+  level1 = D2T[np.argsort(-ref[0], kind="stable")[:3]]
+  assert top == level1[0] and set(tokens[depth == 1].tolist()) <= set(level1.tolist())
+  children = tokens[parent == 0]
+  assert children.size and children[0] == D2T[np.argmax(ref[1])]
+  assert set(children.tolist()) <= set(D2T[np.argsort(-ref[1], kind="stable")[:3]].tolist())
+  prev = jnp.asarray([[history[n - 1], top] + [0] * (drafter.depth - 2)], jnp.int32)
+  got, _ = drafter.block_logits(view, ds, ctx, prev=prev)
+  np.testing.assert_allclose(np.asarray(got[0, :2]), ref, rtol=1e-4, atol=1e-4)
+  with pytest.raises(ValueError, match="pass prev"):
+    drafter.block_logits(view, ds, ctx)
+
+
+def test_corrected_drafter_is_lossless(target):
+  """Greedy output of the corrected DFlash (chain and tree) equals autoregressive decoding."""
+  prompts = [PROMPT, [5, 6, 7, 5, 6, 7, 5]]
+  ar = specjax.generate(target, prompts, max_new_tokens=32, pad_to=16).tokens
+  for options in (dict(), dict(top_k=3, total_tokens=9)):
+    ours = specjax.generate(target, prompts, max_new_tokens=32, pad_to=16,
+                            drafter=corrected_drafter(target, **options))
+    assert ours.tokens == ar, options
+
+
 # ------------------------------------------------------------------------------------------------
 # 2. Block attention
 

@@ -1,5 +1,5 @@
-"""Learned drafters (Medusa, Hydra, EAGLE, EAGLE-3): their bookkeeping, trees, files and the
-shipped checkpoints.
+"""Learned drafters (Medusa, Hydra, EAGLE, EAGLE-3, DFlash): their bookkeeping, trees, files
+and the shipped checkpoints.
 
   1. EAGLE-2's dynamic tree against a brute-force enumeration: the kept nodes are the top-N of
      all candidates by cumulative log-probability, parents precede children, shapes are static.
@@ -32,7 +32,7 @@ from specjax.models import decoder
 from specjax.sampling import SamplingConfig
 from tests.helpers import tiny_targets as tt
 
-LEARNED = ("medusa", "hydra", "eagle", "eagle3")
+LEARNED = ("medusa", "hydra", "eagle", "eagle3", "dflash")
 
 
 # ------------------------------------------------------------------------------------------------
