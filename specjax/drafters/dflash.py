@@ -454,13 +454,7 @@ class DFlashFamily(learned.Family):
   def tree_options(self, spec: str) -> dict:
     """'d': a chain of d nodes; 'd x k x n' (e.g. '7x8x24'): depth d, top_k k, n nodes (the
     best-first tree under a budget of n)."""
-    if spec.isdigit():
-      return dict(depth=int(spec), top_k=1, total_tokens=int(spec))
-    parts = spec.split("x")
-    if len(parts) == 3 and all(p.isdigit() for p in parts):
-      return dict(zip(("depth", "top_k", "total_tokens"), map(int, parts)))
-    raise ValueError(f"tree {spec!r} does not fit {self.name}: use a chain length or "
-                     "depth x top_k x total_tokens (e.g. 7x8x24)")
+    return learned.grown_tree_options(spec, self.name, "7x8x24")
 
   def tune_grid(self) -> list[dict]:
     """Chains of 3, 5 and the whole block's depth, then best-first trees of growing node

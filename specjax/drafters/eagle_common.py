@@ -282,13 +282,7 @@ class EagleFamily(learned.Family):
 
   def tree_options(self, spec: str) -> dict:
     """'d': a chain of d nodes; 'd x k x n' (e.g. '7x3x16'): depth d, top_k k, n nodes."""
-    if spec.isdigit():
-      return dict(depth=int(spec), top_k=1, total_tokens=int(spec))
-    parts = spec.split("x")
-    if len(parts) == 3 and all(p.isdigit() for p in parts):
-      return dict(zip(("depth", "top_k", "total_tokens"), map(int, parts)))
-    raise ValueError(f"tree {spec!r} does not fit {self.name}: use a chain length or "
-                     "depth x top_k x total_tokens (e.g. 7x3x16)")
+    return learned.grown_tree_options(spec, self.name, "7x3x16")
 
   def tune_grid(self) -> list[dict]:
     return [dict(c) for c in TUNE_GRID]

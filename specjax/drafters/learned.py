@@ -224,6 +224,18 @@ def draft_logprobs(logits: jax.Array) -> jax.Array:
   return jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
 
 
+def grown_tree_options(spec: str, family: str, example: str) -> dict[str, int]:
+  """Tree options of a grown tree (EAGLE-2's, or one from a block's marginals) from a short
+  spec: 'd' is a chain of d nodes, 'd x k x n' (e.g. `example`) depth d, top_k k, n nodes."""
+  if spec.isdigit():
+    return dict(depth=int(spec), top_k=1, total_tokens=int(spec))
+  parts = spec.split("x")
+  if len(parts) == 3 and all(p.isdigit() for p in parts):
+    return dict(zip(("depth", "top_k", "total_tokens"), map(int, parts)))
+  raise ValueError(f"tree {spec!r} does not fit {family}: use a chain length or "
+                   f"depth x top_k x total_tokens (e.g. {example})")
+
+
 # ------------------------------------------------------------------------------------------------
 # The family protocol
 
