@@ -417,7 +417,12 @@ class DFlashFamily(learned.Family):
 
   def starts(self, cfg, key, batch: int, length: int):
     """A random subset of `num_anchors` starts per row (None: every start)."""
-    return sample_starts(key, batch, length, cfg.num_anchors) if cfg.num_anchors else None
+    if not cfg.num_anchors:
+      return None
+    if key is None:
+      raise ValueError("random anchors (num_anchors) are drawn from the step's key: the batch "
+                       "needs one ('key')")
+    return sample_starts(key, batch, length, cfg.num_anchors)
 
   def depth_logits(self, net, params, x, num_steps, *, train=False):
     """logits[s, b, n] for the token at starts[b, n] + s + 2: block position s + 1 of the block

@@ -198,7 +198,8 @@ def drafter_loss(setup: _Setup, cfg: DrafterTrainConfig, params, batch):
     inputs = feats + jax.random.uniform(batch["key"], feats.shape, feats.dtype,
                                         -cfg.feature_noise, cfg.feature_noise)
   b, t = tokens.shape
-  starts = setup.family.starts(cfg, jax.random.fold_in(batch["key"], 1), b, t)
+  key = batch.get("key")  # the step's key (absent from a caller's batch: then no anchors)
+  starts = setup.family.starts(cfg, None if key is None else jax.random.fold_in(key, 1), b, t)
   x = learned.DepthInputs(inputs, feats, tokens, frozen["emb"], frozen["head"], starts)
   draft, aux = setup.family.depth_logits(setup.net, params, x, steps, train=True)
   if starts is None:
