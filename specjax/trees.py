@@ -279,6 +279,12 @@ class DynamicTree:
   score: jax.Array  # float32[B, N]
 
 
+def grown_tree_capacity(depth: int, top_k: int) -> int:
+  """The most nodes a tree grown level by level (`grow_dynamic_tree`, `tree_from_marginals`)
+  can keep: the root's top_k children, then top_k^2 candidates at each further depth."""
+  return top_k + (depth - 1) * top_k * top_k
+
+
 def grow_dynamic_tree(root_logp: jax.Array, expand, carry, *, depth: int, top_k: int,
                       num_nodes: int) -> tuple[DynamicTree, object]:
   """EAGLE-2 (Li et al. 2024): expand the best frontier by cumulative log-probability, then keep
@@ -302,7 +308,7 @@ def grow_dynamic_tree(root_logp: jax.Array, expand, carry, *, depth: int, top_k:
   """
   b = root_logp.shape[0]
   k = top_k
-  most = k + (depth - 1) * k * k
+  most = grown_tree_capacity(depth, k)
   if not 1 <= num_nodes <= most:
     raise ValueError(f"num_nodes must be in [1, {most}] for depth {depth} and top_k {k}, "
                      f"got {num_nodes}")
@@ -340,11 +346,6 @@ def grow_dynamic_tree(root_logp: jax.Array, expand, carry, *, depth: int, top_k:
 # Trees from per-depth marginals (parallel drafters)
 
 
-def marginal_tree_capacity(depth: int, top_k: int) -> int:
-  """The most nodes `tree_from_marginals` can keep for `depth` and `top_k`."""
-  return top_k + (depth - 1) * top_k * top_k
-
-
 def tree_from_marginals(logp: jax.Array, *, num_nodes: int, top_k: int | None = None
                         ) -> DynamicTree:
   """The best `num_nodes`-node tree from the per-depth marginals of one parallel draft pass
@@ -373,8 +374,8 @@ def tree_from_marginals(logp: jax.Array, *, num_nodes: int, top_k: int | None = 
   k = min(num_nodes, v) if top_k is None else top_k
   if not 1 <= k <= v:
     raise ValueError(f"top_k must be in [1, {v}] (the vocabulary the marginals cover), got {k}")
-  if not 1 <= num_nodes <= marginal_tree_capacity(d, k):
-    raise ValueError(f"num_nodes must be in [1, {marginal_tree_capacity(d, k)}] for depth {d} "
+  if not 1 <= num_nodes <= grown_tree_capacity(d, k):
+    raise ValueError(f"num_nodes must be in [1, {grown_tree_capacity(d, k)}] for depth {d} "
                      f"and top_k {k}, got {num_nodes}")
   logp = logp.astype(jnp.float32)
 

@@ -222,7 +222,7 @@ def check_block_options(depth: int, top_k: int, total_tokens: int, block_size: i
                      f"{block_size} drafts depths 1..{block_size - 1}")
   if not 1 <= top_k <= vocab:
     raise ValueError(f"top_k must be in [1, {vocab}] (the draft vocabulary), got {top_k}")
-  most = trees.marginal_tree_capacity(depth, top_k)
+  most = trees.grown_tree_capacity(depth, top_k)
   if not 1 <= total_tokens <= most:
     raise ValueError(f"total_tokens must be in [1, {most}] for depth {depth} and top_k {top_k} "
                      f"(a block of {block_size}), got {total_tokens}")
@@ -387,7 +387,8 @@ class DFlashFamily(learned.Family):
   module = DFlashNet
   config_cls = DFlashConfig
   uses_target_head = True
-  options = ("target_layers", "num_layers", "block_size", "num_anchors", "correction_rank")
+  options = ("target_layers", "num_layers", "num_kv_heads", "block_size", "num_anchors",
+             "correction_rank")
 
   def default_taps(self, target_cfg: ModelConfig) -> tuple[int, ...]:
     """Low, middle and high taps spread over the target (outputs of layers L // 3, 2L // 3 and
@@ -396,11 +397,18 @@ class DFlashFamily(learned.Family):
     return tuple(sorted({max(1, n // 3), max(1, 2 * n // 3), n}))
 
   def make_config(self, target_cfg, *, draft_vocab_size, num_features, num_layers: int = 1,
-                  block_size: int = 8, mask_token_id: int | None = None, correction_rank: int = 0,
-                  **_) -> DFlashConfig:
+                  num_kv_heads: int = 0, block_size: int = 8, mask_token_id: int | None = None,
+                  correction_rank: int = 0, **_) -> DFlashConfig:
+    """Draft layers shaped as the target's (`num_kv_heads` 0), or with more K/V heads: every
+    masked position reads the context and the last token only through its layers' values, so
+    a target with few K/V heads narrows what one layer can carry."""
     num_layers = checks.integer("num_layers", num_layers, lo=1)
-    model = target_cfg.replace(num_layers=num_layers, attention_impl="xla", qk_norm=True,
-                               compute_dtype=target_cfg.dtype)
+    heads = target_cfg.num_heads
+    num_kv_heads = checks.integer("num_kv_heads", num_kv_heads, lo=0) or target_cfg.num_kv_heads
+    if heads % num_kv_heads:
+      raise ValueError(f"num_kv_heads must divide the {heads} attention heads, got {num_kv_heads}")
+    model = target_cfg.replace(num_layers=num_layers, num_kv_heads=num_kv_heads,
+                               attention_impl="xla", qk_norm=True, compute_dtype=target_cfg.dtype)
     return DFlashConfig(model, num_features, block_size, draft_vocab_size, mask_token_id,
                         correction_rank)
 

@@ -248,7 +248,7 @@ def check_tree_options(depth: int, top_k: int, total_tokens: int, vocab: int
   if top_k > vocab:
     raise ValueError(f"top_k {top_k} exceeds the draft vocabulary ({vocab}): top_k must be in "
                      f"[1, {vocab}]")
-  most = top_k + (depth - 1) * top_k * top_k
+  most = trees.grown_tree_capacity(depth, top_k)
   if not 1 <= total_tokens <= most:
     raise ValueError(f"total_tokens must be in [1, {most}] for depth {depth} and top_k "
                      f"{top_k}, got {total_tokens}")

@@ -58,7 +58,8 @@ from specjax.train.target_lm import portable_path
 # Fields of `DrafterTrainConfig` that only some families read (`Family.options`): a run that sets
 # one away from its default for a family that does not read it is refused, not silently ignored.
 FAMILY_OPTIONS = ("num_heads", "regression_weight", "feature_noise", "target_layers",
-                  "frozen_head", "num_layers", "block_size", "num_anchors", "correction_rank")
+                  "frozen_head", "num_layers", "num_kv_heads", "block_size", "num_anchors",
+                  "correction_rank")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +104,7 @@ class DrafterTrainConfig:
   # Block-parallel drafters (DFlash): draft decoder layers, block size B (the last token and
   # B - 1 masked positions) and the random starts (anchors) a step trains per row (0: all).
   num_layers: int = 1
+  num_kv_heads: int = 0  # K/V heads of the draft layers (0: the target's)
   block_size: int = 8
   num_anchors: int = 0
   correction_rank: int = 0  # DFlash's causal correction (0: none)

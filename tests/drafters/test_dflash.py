@@ -11,7 +11,7 @@
   3. `trees.tree_from_marginals` against a brute-force best-first heap (pop the best rank path,
      push its next sibling and first child): the same set of token paths and scores,
      prefix-closed; top_k = 1 is the chain of argmaxes; static shapes under jit; clear errors
-     for a node budget above `marginal_tree_capacity` and top_k outside [1, V].
+     for a node budget above `grown_tree_capacity` and top_k outside [1, V].
   4. Bad input, each a ValueError naming it: tree options that do not fit the block, block_size
      < 2, training configs (taps, train_steps, num_anchors), folders for another target, taps
      out of range, and a tap count that differs from the network's.
@@ -114,19 +114,54 @@ def test_block_logits_match_the_training_view(target, tree_drafter, rounds):
   assert tree.q is None  # deterministic children: recursive rejection needs no q
 
 
-def corrected_drafter(target, rank: int = 8, **tree_options):
-  """A random-weight DFlash with the causal correction (its `up` projection perturbed away from
-  zero, so the correction is active)."""
+def perturbed_drafter(target, net_options: dict, **tree_options):
+  """A random-weight DFlash built with `make_config(**net_options)`, every matrix perturbed (the
+  correction's zero-initialised `up` projection too, so a correction is active)."""
   fam = dflash.FAMILY
   taps = fam.default_taps(target.config)
   net = fam.make_config(target.config, draft_vocab_size=D2T.size, num_features=len(taps),
-                        correction_rank=rank)
+                        **net_options)
   params = learned.init_params(dflash.DFlashNet, net, 0)
   leaves, treedef = jax.tree.flatten(params)
   keys = jax.random.split(jax.random.key(3), len(leaves))
   params = jax.tree.unflatten(treedef, [x + 0.3 * jax.random.normal(k, x.shape, x.dtype)
                                         if x.ndim >= 2 else x for x, k in zip(leaves, keys)])
   return fam.assemble(net, params, jnp.asarray(D2T), target, taps, **tree_options)
+
+
+def corrected_drafter(target, rank: int = 8, **tree_options):
+  """A random-weight DFlash with an active rank-`rank` causal correction."""
+  return perturbed_drafter(target, dict(correction_rank=rank), **tree_options)
+
+
+def test_draft_layers_with_more_kv_heads(target):
+  """`num_kv_heads` widens the draft layers' K/V (here to one per attention head, where the
+  target shares one): the context cache holds that many heads, the block logits still equal the
+  training view's, greedy output still equals autoregressive decoding; a count that does not
+  divide the heads is refused by name."""
+  heads = target.config.num_heads
+  assert target.config.num_kv_heads < heads
+  drafter = perturbed_drafter(target, dict(num_kv_heads=heads), top_k=2, total_tokens=6)
+  assert drafter.net.model.num_kv_heads == heads
+  state = _rounds(target, drafter, 2)
+  ds = state.drafter_state
+  assert ds.cache.k.shape[3] == heads
+  n = int(state.hist_len[0])
+  history = np.asarray(state.history[0, :n]).tolist()
+  got, _ = drafter.block_logits(_view(target), ds, _ctx(state))
+  feats = learned.concat_features(_hidden(target, history, drafter.hidden_layers))
+  emb = learned.target_embedding(target.config, target.params)
+  net = learned.merge(dflash.DFlashNet, drafter.net, drafter.params)
+  ref = dflash.training_logits(net, drafter.net, feats, jnp.asarray([history], jnp.int32), emb,
+                               drafter.head, jnp.asarray([[n - 2]], jnp.int32), drafter.depth)
+  np.testing.assert_allclose(np.asarray(got[0]), np.asarray(ref[:, 0, 0]), rtol=1e-4, atol=1e-4)
+  prompts = [PROMPT, [5, 6, 7, 5, 6, 7, 5]]
+  ar = specjax.generate(target, prompts, max_new_tokens=24, pad_to=16).tokens
+  assert specjax.generate(target, prompts, max_new_tokens=24, pad_to=16,
+                          drafter=drafter).tokens == ar
+  with pytest.raises(ValueError, match="num_kv_heads must divide"):
+    dflash.FAMILY.make_config(target.config, draft_vocab_size=8, num_features=3,
+                              num_kv_heads=heads + 1)
 
 
 def test_corrected_tree_matches_the_training_view(target):
@@ -275,7 +310,7 @@ def test_tree_from_marginals_chain_and_errors():
   np.testing.assert_array_equal(np.asarray(chain.tokens), np.asarray(jnp.argmax(logp, -1)))
   np.testing.assert_array_equal(np.asarray(chain.parent), np.tile(np.arange(-1, depth - 1),
                                                                   (2, 1)))
-  assert trees.marginal_tree_capacity(depth, 2) == 2 + 4 * 4
+  assert trees.grown_tree_capacity(depth, 2) == 2 + 4 * 4
   with pytest.raises(ValueError, match=r"num_nodes must be in \[1, 18\] for depth 5 and top_k 2, "
                      r"got 19"):
     trees.tree_from_marginals(logp, num_nodes=19, top_k=2)
