@@ -132,10 +132,24 @@ def _read_tensors(path) -> dict[str, np.ndarray]:
     raise ValueError(f"corrupt drafter weights {file}: {e}") from None
 
 
-def load_drafter(path: str | os.PathLike, target, **tree_options):
+def load_drafter(path: str | os.PathLike, target, *, format: str | None = None,
+                 **tree_options):
   """Loads a learned drafter for `target` (a `specjax.Target`); tree_options override the
-  family's tree shape (Medusa/Hydra: `choices`; EAGLE/EAGLE-3: depth, top_k, total_tokens).
-  On a target with a mesh the drafter is laid out on it (`specjax.sharding.shard_drafter`)."""
+  family's tree shape (Medusa/Hydra: `choices`; EAGLE/EAGLE-3: depth, top_k, total_tokens;
+  DFlash: depth, top_k, total_tokens). On a target with a mesh the drafter is laid out on it
+  (`specjax.sharding.shard_drafter`).
+
+  format: the folder's layout, "specjax" or a published one (`specjax.interop.formats`: eagle3,
+    eagle, medusa, dflash); default: detected from the folder."""
+  from specjax.interop import formats
+  format = formats.detect(path) if format is None else format
+  if format != formats.SPECJAX:
+    conv = formats.read(path, target, format)
+    net = conv.net.with_dtype(target.config.dtype)
+    options = {**conv.tree, **{k: v for k, v in tree_options.items() if v is not None}}
+    drafter = family(conv.method).assemble(net, conv.params, jnp.asarray(conv.d2t), target,
+                                           conv.hidden_layers, **options)
+    return _placed(drafter, target)
   config = read_config(path)
   fam = family(config["method"])
   check_target(config, target, path)
@@ -158,9 +172,21 @@ def load_drafter(path: str | os.PathLike, target, **tree_options):
   options = dict(config.get("tree", {}))
   options.update({k: v for k, v in tree_options.items() if v is not None})
   drafter = fam.assemble(net, params, jnp.asarray(d2t), target, hidden_layers, **options)
+  return _placed(drafter, target)
+
+
+def _placed(drafter, target):
   if target.mesh is not None:  # read once on the host, then each device gets its shards
     drafter = sharding.shard_drafter(drafter, target.config, target.mesh)
   return drafter
+
+
+def export_drafter(path: str | os.PathLike, drafter, target, format: str,
+                   dtype: str | None = None) -> None:
+  """Writes a loaded learned drafter in a published layout (`specjax.interop.formats`), for
+  the tools that read that layout; `load_drafter` reads it back."""
+  from specjax.interop import formats
+  formats.write(path, drafter, target.config, format, dtype)
 
 
 def set_default_tree(path: str | os.PathLike, **tree_options) -> None:

@@ -1,0 +1,110 @@
+"""Published drafter checkpoints, read into specjax's families and written back.
+
+`specjax.drafters.load_drafter(path, target)` detects the layout of a folder; `format=` forces
+one. Each format maps a published layout onto an existing family, without retraining:
+
+  specjax   specjax's own folders (`specjax.drafters.io`)
+  eagle3    EAGLE-3 heads (the authors' and SpecForge's layout)       -> eagle3
+  eagle     EAGLE-1/2 heads (`fc` [H, 2H], embedding saved)             -> eagle
+  medusa    Medusa-1 heads (`medusa_lm_head.*`)                        -> medusa
+  dflash    DFlash drafters (`dflash_config`, `layers.*`)              -> dflash
+
+Layer-index conventions differ between publishers; every format states how it turns the
+folder's ids into specjax's hidden-state indices (0 = the embeddings, i = the output of layer
+i, L = the final normed state) and records it in the drafter's `source`.
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+from typing import Any
+
+from specjax.interop.formats.common import Checkpoint, Converted, read_config, tensor_names
+
+SPECJAX = "specjax"
+
+
+class Format(abc.ABC):
+  """One published layout. Subclasses set `name`, `method` (the family it maps onto) and
+  `weight_names` (file names of its own besides model.safetensors and pytorch_model.bin)."""
+
+  name: str
+  method: str
+  weight_names: tuple[str, ...] = ()
+
+  @abc.abstractmethod
+  def matches(self, config: dict[str, Any] | None, tensors: frozenset[str]) -> bool:
+    """Whether a folder with this config.json (None: absent) and these tensor names is in this
+    layout."""
+
+  @abc.abstractmethod
+  def read(self, ckpt: Checkpoint, target) -> Converted:
+    """The folder as a specjax family's network for `target` (a `specjax.Target`): every
+    tensor used, shapes checked."""
+
+  @abc.abstractmethod
+  def write(self, path: str, drafter, target_cfg, dtype: str | None = None) -> None:
+    """Writes a drafter of `self.method` in this layout."""
+
+
+_FORMATS: dict[str, Format] = {}
+
+
+def register(fmt: Format) -> Format:
+  _FORMATS[fmt.name] = fmt
+  return fmt
+
+
+def names() -> list[str]:
+  _load_builtin()
+  return [SPECJAX, *_FORMATS]
+
+
+def get(name: str) -> Format:
+  _load_builtin()
+  if name not in _FORMATS:
+    raise ValueError(f"unknown drafter format {name!r}; known: {names()}")
+  return _FORMATS[name]
+
+
+def detect(path: str | os.PathLike) -> str:
+  """The layout of the drafter folder at `path`: "specjax" or a published format's name."""
+  _load_builtin()
+  path = os.fspath(path)
+  if not os.path.isdir(path):
+    raise ValueError(f"no drafter folder at {path}")
+  config = read_config(path)
+  if config is not None and "method" in config and "net" in config:
+    return SPECJAX
+  tensors = tensor_names(path, [n for f in _FORMATS.values() for n in f.weight_names])
+  found = [f.name for f in _FORMATS.values() if f.matches(config, tensors)]
+  if len(found) == 1:
+    return found[0]
+  if found:
+    raise ValueError(f"{path} matches several drafter formats {found}: pass format=")
+  what = "no config.json" if config is None else f"config.json keys {sorted(config)[:12]}"
+  raise ValueError(f"{path} is not a drafter folder of a known format ({names()}): {what}, "
+                   f"tensors {sorted(tensors)[:6]}, files {sorted(os.listdir(path))[:8]}")
+
+
+def read(path: str | os.PathLike, target, format: str) -> Converted:
+  """Reads a published folder in layout `format` for `target`."""
+  fmt = get(format)
+  return fmt.read(Checkpoint(path, fmt.weight_names), target)
+
+
+def write(path: str | os.PathLike, drafter, target_cfg, format: str,
+          dtype: str | None = None) -> None:
+  """Writes `drafter` (a learned drafter of the format's family) in layout `format`."""
+  from specjax.drafters import registry
+  fmt = get(format)
+  if not isinstance(drafter.net, registry.family(fmt.method).config_cls):
+    raise ValueError(f"the {format} layout holds {fmt.method} drafters, got one with a "
+                     f"{type(drafter.net).__name__} network")
+  fmt.write(os.fspath(path), drafter, target_cfg, dtype)
+
+
+def _load_builtin() -> None:
+  if not _FORMATS:
+    from specjax.interop.formats import eagle3  # noqa: F401  (registers itself)
