@@ -304,5 +304,5 @@ def draft_model_config(config: dict[str, Any], target_cfg: ModelConfig, where: s
 
 def check_vocab(name: str, size: int, target_cfg: ModelConfig, where: str) -> None:
   if size != target_cfg.vocab_size:
-    raise ValueError(f"{where}: {name} has {size} rows, the target's vocabulary "
+    raise ValueError(f"{where}: the drafter's {name} is {size}, the target's vocabulary "
                      f"{target_cfg.vocab_size}: it was made for another target")
