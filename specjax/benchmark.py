@@ -30,7 +30,9 @@ from tqdm.auto import tqdm
 
 from specjax import assets, config_utils, distributed, drafters, metrics, provenance
 from specjax.decoding import generate, profile_phases
+from specjax.drafters.io import load_drafter
 from specjax.interop.hf import load_target
+from specjax.interop.tokenizer import ChatTemplate
 from specjax.sharding import bytes_per_device, describe, mesh_spec
 from specjax.target import Target
 
@@ -45,8 +47,16 @@ MAX_RELATIVE_SPREAD = 0.5
 @dataclasses.dataclass(frozen=True)
 class BenchmarkConfig:
   target: str | None = None  # HF folder; None = the shipped embedded target
-  methods: tuple[str, ...] = ()  # () = autoregressive + drafters.available(target)
+  dtype: str = "float32"  # the target's parameters ("bfloat16": half the memory of float32)
+  methods: tuple[str, ...] = ()  # () = autoregressive + drafters.available(target) + `drafter`
+  # Drafter folders by method name, e.g. --set drafter.eagle3=PATH: any folder load_drafter
+  # reads (specjax's own, or a published EAGLE-3 / EAGLE / Medusa / DFlash checkpoint), an HF
+  # folder for draft_lm. A name that is no registered method labels a learned drafter's row.
+  drafter: dict[str, str] = dataclasses.field(default_factory=dict)
+  # Datasets: "humaneval", "stdlib_heldout", or a JSONL prompt file (specjax.data.prompts).
   datasets: tuple[str, ...] = ("humaneval", "stdlib_heldout")
+  prompts: str | None = None  # a JSONL prompt file; when set, the run's only dataset
+  chat_template: bool = False  # render prompts with the target's chat template
   num_prompts: int = 8
   max_prompt_tokens: int = 256
   max_new_tokens: int = 128
@@ -76,16 +86,41 @@ class BenchmarkConfig:
     return out
 
 
+def datasets_of(cfg: BenchmarkConfig) -> tuple[str, ...]:
+  return (cfg.prompts,) if cfg.prompts else cfg.datasets
+
+
+def dataset_name(dataset: str) -> str:
+  """A dataset's label in tables: a prompt file by its name without extension."""
+  return os.path.splitext(os.path.basename(dataset))[0] if is_prompt_file(dataset) else dataset
+
+
+def is_prompt_file(dataset: str) -> bool:
+  return dataset.endswith((".jsonl", ".json"))
+
+
 def load_prompts(target: Target, dataset: str, cfg: BenchmarkConfig) -> list[list[int]]:
-  """Token-id prompts: HumanEval problem prompts, or the openings of held-out stdlib files."""
+  """Token-id prompts: HumanEval problem prompts, the openings of held-out stdlib files, or the
+  prompts of a JSONL file (rendered with the target's chat template under `chat_template`)."""
   from specjax import data
+  from specjax.data import prompts as prompt_files
+  template = None
+  if cfg.chat_template:
+    template = ChatTemplate.from_folder(cfg.target or assets.TARGET_DIR)
   if dataset == "humaneval":
     texts = [ex["prompt"] for ex in data.load_humaneval(cfg.data_dir)]
   elif dataset == "stdlib_heldout":
     texts = [ex["text"] for ex in data.load_stdlib_code("heldout", cfg.data_dir)]
+  elif is_prompt_file(dataset):
+    texts = [prompt_files.Prompt(text=t) if isinstance(t, str) else t
+             for t in prompt_files.read_prompts(dataset)]
   else:
-    raise ValueError(f"unknown dataset {dataset!r}; use 'humaneval' or 'stdlib_heldout'")
-  rows = [target.encode(t) for t in texts]
+    raise ValueError(f"unknown dataset {dataset!r}; use 'humaneval', 'stdlib_heldout' or a "
+                     "JSONL prompt file")
+  if template is not None or is_prompt_file(dataset):
+    texts = [prompt_files.render(p if isinstance(p, prompt_files.Prompt)
+                                 else prompt_files.Prompt(text=p), template) for p in texts]
+  rows = [target.encode(t, add_special_tokens=template is None) for t in texts]
   rows = [r for r in rows if len(r) >= 8][:cfg.num_prompts]
   # Keep the end of long prompts: the continuation depends on the most recent context.
   return [r[-cfg.max_prompt_tokens:] for r in rows]
@@ -104,8 +139,7 @@ def run_methods(target: Target, runs: Sequence[tuple[str, dict[str, Any] | None]
   setups = []
   for method, options in runs:
     options = cfg.options_for(method) if options is None else options
-    # On a target with a mesh, build places the drafter there by its partition rules.
-    drafter = None if method == AR else drafters.build(method, target, **options)
+    drafter = None if method == AR else build_drafter(method, target, cfg, options)
     kwargs = dict(max_new_tokens=cfg.max_new_tokens, drafter=drafter,
                   temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
                   eos_token_id=[], pad_to=pad_to)
@@ -139,6 +173,18 @@ def run_methods(target: Target, runs: Sequence[tuple[str, dict[str, Any] | None]
         **({} if target.mesh is None or drafter is None
            else {"param_bytes": param_bytes(drafter, target.mesh)})})
   return records
+
+
+def build_drafter(method: str, target: Target, cfg: BenchmarkConfig, options: dict[str, Any]):
+  """`method`'s drafter: from its folder in `cfg.drafter` when it has one, else the registry's
+  default (the shipped drafter). On a target with a mesh it is placed there by its partition
+  rules."""
+  path = cfg.drafter.get(method)
+  if path is None:
+    return drafters.build(method, target, **options)
+  if method in drafters.names():
+    return drafters.build(method, target, path=path, **options)
+  return load_drafter(path, target, **options)
 
 
 def param_bytes(tree: Any, mesh) -> dict[str, int]:
@@ -320,15 +366,16 @@ def run(cfg: BenchmarkConfig) -> list[dict[str, Any]]:
   if not os.path.exists(os.path.join(path, "config.json")):
     raise ValueError(f"no target at {path}: train the embedded default with "
                      "`python -m experiments.train_target` or pass --set target=DIR")
-  target = load_target(path, dtype="float32")
+  target = load_target(path, dtype=cfg.dtype)
   if cfg.mesh is not None:
     target = target.on_mesh(cfg.mesh)
   methods = list(cfg.methods) or [AR] + drafters.available(target)
+  methods += [m for m in cfg.drafter if m not in methods]
   if AR not in methods:
     methods.insert(0, AR)  # speedups are measured against AR in the same run
   methods.remove(AR)
   methods.insert(0, AR)
-  prompts = {d: load_prompts(target, d, cfg) for d in cfg.datasets}
+  prompts = {dataset_name(d): load_prompts(target, d, cfg) for d in datasets_of(cfg)}
   records = []
   total = sum(len(p) for p in prompts.values()) * len(methods)
   with tqdm(total=total, desc="benchmark", dynamic_ncols=True) as bar:
@@ -359,10 +406,10 @@ def sweep_trees(method: str, candidates: Sequence[dict[str, Any]], cfg: Benchmar
                 ) -> list[dict[str, Any]]:
   """Measures `method` with each tree option set beside AR on the same prompts (cfg.datasets,
   e.g. held-out stdlib files: tune on data the benchmark table does not report)."""
-  target = load_target(cfg.target or assets.TARGET_DIR, dtype="float32")
+  target = load_target(cfg.target or assets.TARGET_DIR, dtype=cfg.dtype)
   if cfg.mesh is not None:
     target = target.on_mesh(cfg.mesh)
-  prompts = [p for d in cfg.datasets for p in load_prompts(target, d, cfg)]
+  prompts = [p for d in datasets_of(cfg) for p in load_prompts(target, d, cfg)]
   with tqdm(total=len(prompts) * (len(candidates) + 1), desc=f"sweep {method}",
             dynamic_ncols=True) as bar:
     runs = [(AR, {})] + [(method, dict(options)) for options in candidates]

@@ -89,11 +89,27 @@ def _apply(obj: Any, changes: dict[str, Any], prefix: str) -> Any:
       item = value.item if isinstance(value, _Leaf) else _items(value)[0]
       raise ValueError(f"override {item!r}: {type(obj).__name__} has no field "
                        f"{prefix + name!r}; fields: {sorted(fields)}")
-    if isinstance(value, dict):
-      updates[name] = _apply(getattr(obj, name), value, f"{prefix}{name}.")
+    current = getattr(obj, name)
+    if isinstance(value, dict) and isinstance(current, Mapping):
+      updates[name] = _apply_mapping(current, value, hints.get(name), f"{prefix}{name}.")
+    elif isinstance(value, dict):
+      updates[name] = _apply(current, value, f"{prefix}{name}.")
     else:
       updates[name] = parse_value(value.raw, hints.get(name, str), item=value.item)
   return dataclasses.replace(obj, **updates)
+
+
+def _apply_mapping(current: Mapping[str, Any], changes: dict[str, Any], typ: Any, prefix: str
+                   ) -> dict[str, Any]:
+  """A dict-valued field (`dict[str, T]`): `field.key=value` sets one entry, parsed as T."""
+  args = typing.get_args(typ)
+  value_type = args[1] if len(args) == 2 else str
+  out = dict(current)
+  for key, value in changes.items():
+    if isinstance(value, dict):
+      raise ValueError(f"override {_items(value)[0]!r}: {prefix}{key} is one entry, not a config")
+    out[key] = parse_value(value.raw, value_type, item=value.item)
+  return out
 
 
 _UNTYPED = object()

@@ -83,12 +83,14 @@ class Target:
     params = sharding.place(self.params, sharding.param_shardings(self.config, self.params, mesh))
     return self.replace(params=params, mesh=mesh)
 
-  def encode(self, text: str) -> list[int]:
+  def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
     """Token ids of `text`. Whether a literal special token's text (e.g. '<|endoftext|>') becomes
-    its id follows the folder's `split_special_tokens` (see `interop.hf.load_target`)."""
+    its id follows the folder's `split_special_tokens` (see `interop.hf.load_target`).
+    add_special_tokens: the tokenizer's post-processor (e.g. a BOS) applies; False for text a
+    chat template rendered, which spells its special tokens itself."""
     if self.tokenizer is None:
       raise ValueError("this target has no tokenizer: pass token ids instead of text")
-    return self.tokenizer.encode(text).ids
+    return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
   def decode(self, ids, skip_special_tokens: bool = True) -> str:
     """Text of `ids`, without special tokens (EOS) unless asked, as transformers' `decode`

@@ -97,3 +97,66 @@ def test_unreliable_figures_are_marked_not_clamped():
   assert rows["negative"][8].strip().endswith("?")  # drafting share rests on it
   assert rows["too_fast"][11].strip().endswith("?") and "?" not in rows["too_fast"][5]
   assert rows["too_fast"][12].strip() == "loop_efficiency"
+
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def _user_checkpoint(path):
+  """A user's HF folder: a tiny random Llama with a byte-level BPE tokenizer of its own, ChatML
+  special tokens and a chat template in tokenizer_config.json."""
+  from specjax.data.tokenizer import train_tokenizer
+  from tests.helpers.hf_models import save_hf_model
+  save_hf_model("llama_gqa_tied", path, vocab_size=320, num_hidden_layers=3)
+  texts = [f"def f{i}(x):\n    return x * {i} + {i % 7}\n" for i in range(200)]
+  tok = train_tokenizer(texts, vocab_size=300)
+  tok.add_special_tokens(["<|im_start|>", "<|im_end|>"])
+  tok.save(str(path / "tokenizer.json"))
+  (path / "tokenizer_config.json").write_text(json.dumps(
+      {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>",
+       "chat_template": CHATML}))
+  return path
+
+
+def test_benchmark_on_a_users_checkpoint_drafters_and_prompts(tmp_path):
+  """`--set target=DIR --set drafter.eagle3=DIR --set prompts=FILE.jsonl`: a user's HF folder,
+  a published-layout EAGLE-3 head for it and a JSONL of plain, Spec-Bench and chat prompts
+  rendered with the checkpoint's chat template (as transformers renders it) give the same table,
+  JSON and plots, every method's greedy output equal to autoregressive."""
+  import specjax
+  from specjax.config_utils import apply_overrides
+  from specjax.drafters import io
+  from specjax.interop.tokenizer import ChatTemplate
+  from tests.helpers import tiny_targets as tt
+  folder = _user_checkpoint(tmp_path / "user_model")
+  target = specjax.load_target(str(folder), dtype="float32")
+  head = tt.learned_drafter("eagle3", target)
+  io.export_drafter(tmp_path / "head", head, target, "eagle3")
+  prompts = tmp_path / "my_prompts.jsonl"
+  lines = ['"def f3(x):\\n"', json.dumps({"question_id": 1, "turns": ["def f9(x):", "more"]}),
+           json.dumps({"messages": [{"role": "system", "content": "code"},
+                                    {"role": "user", "content": "def f1(x):"}]})]
+  prompts.write_text("\n".join(lines) + "\n")
+
+  transformers = pytest.importorskip("transformers")
+  theirs = transformers.AutoTokenizer.from_pretrained(str(folder))
+  conversation = [{"role": "system", "content": "code"}, {"role": "user", "content": "hi"}]
+  assert ChatTemplate.from_folder(folder).render(conversation) == theirs.apply_chat_template(
+      conversation, add_generation_prompt=True, tokenize=False)
+
+  cfg = apply_overrides(BenchmarkConfig(), [
+      f"target={folder}", f"drafter.eagle3={tmp_path / 'head'}", f"prompts={prompts}",
+      "chat_template=true", "methods=autoregressive,eagle3", "num_prompts=3",
+      "max_new_tokens=12", "profile_repeats=2", f"out={tmp_path / 'out'}"])
+  records = run(cfg)
+  assert [(r["method"], r["dataset"]) for r in records] == [(AR, "my_prompts"),
+                                                             ("eagle3", "my_prompts")]
+  assert all(r["matches_autoregressive"] for r in records)
+  assert all(r["new_tokens"] == 3 * 12 for r in records)
+  saved = json.loads((tmp_path / "out" / "results.json").read_text())
+  assert saved["config"]["drafter"] == {"eagle3": str(tmp_path / "head")}
+  assert "### my_prompts" in (tmp_path / "out" / "results.md").read_text()
+  assert os.path.exists(tmp_path / "out" / "acceptance_by_depth.png")
+  with pytest.raises(ValueError, match="no chat template"):
+    ChatTemplate.from_folder(tmp_path / "head")

@@ -9,6 +9,7 @@ text differently).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -101,3 +102,76 @@ def hf_tokenizer_config(tok: Tokenizer, *, model_max_length: int,
     if content is not None:
       d[name] = content
   return d
+
+
+# -- chat templates ------------------------------------------------------------------------------
+
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+CHAT_TEMPLATE_JSON = "chat_template.json"
+
+
+def _token_text(value: Any) -> str | None:
+  """A special token as tokenizer_config.json spells it: a string or an AddedToken dict."""
+  if isinstance(value, dict):
+    return value.get("content")
+  return value if isinstance(value, str) else None
+
+
+@dataclasses.dataclass(frozen=True)
+class ChatTemplate:
+  """A checkpoint's chat template (Jinja), rendered as transformers renders it: a sandboxed
+  environment with `trim_blocks` and `lstrip_blocks`, loop controls, `raise_exception`,
+  `strftime_now` and the special tokens' text (`bos_token`, `eos_token`, ...) in scope."""
+
+  source: str
+  special_tokens: tuple[tuple[str, str], ...] = ()
+
+  @classmethod
+  def from_folder(cls, folder: str | os.PathLike) -> ChatTemplate:
+    """The template of an HF folder: `chat_template.jinja`, `chat_template.json` or
+    `tokenizer_config.json`'s `chat_template` (a string, or named templates: "default")."""
+    folder = os.fspath(folder)
+    config = read_tokenizer_config(folder)
+    source: Any = None
+    jinja = os.path.join(folder, CHAT_TEMPLATE_FILE)
+    if os.path.isfile(jinja):
+      with open(jinja, encoding="utf-8") as f:
+        source = f.read()
+    elif os.path.isfile(os.path.join(folder, CHAT_TEMPLATE_JSON)):
+      source = (config_utils.read_json_object(os.path.join(folder, CHAT_TEMPLATE_JSON))
+                or {}).get("chat_template")
+    else:
+      source = config.get("chat_template")
+    if isinstance(source, list):
+      named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
+      source = named.get("default")
+    if not isinstance(source, str) or not source:
+      raise ValueError(f"{folder} has no chat template ({CHAT_TEMPLATE_FILE}, "
+                       f"{CHAT_TEMPLATE_JSON} or chat_template in {TOKENIZER_CONFIG_FILE})")
+    tokens = tuple((k, t) for k in ("bos_token", "eos_token", "unk_token", "pad_token")
+                   if (t := _token_text(config.get(k))) is not None)
+    return cls(source, tokens)
+
+  def render(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True
+             ) -> str:
+    import jinja2
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message):
+      raise ValueError(f"the chat template refused the conversation: {message}")
+
+    def strftime_now(fmt):
+      import datetime
+      return datetime.datetime.now().strftime(fmt)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = lambda x, indent=None, ensure_ascii=False, **_: json.dumps(
+        x, indent=indent, ensure_ascii=ensure_ascii)
+    env.globals.update(raise_exception=raise_exception, strftime_now=strftime_now)
+    try:
+      template = env.from_string(self.source)
+    except jinja2.TemplateError as e:
+      raise ValueError(f"the chat template does not parse: {e}") from None
+    return template.render(messages=list(messages), add_generation_prompt=add_generation_prompt,
+                           **dict(self.special_tokens))
