@@ -1,8 +1,8 @@
 """EAGLE (Li et al. 2024) with EAGLE-2's dynamic tree: one decoder layer at feature level.
 
 The feature is the target's final normed hidden state (hidden index L), the input of its LM head.
-At position i the drafter reads fc([e(x_{i+1}), f_i]) (2E -> E, with bias), runs one decoder
-layer (no input norm, as EAGLE's first layer) and outputs h_i, a prediction of f_{i+1}: the
+At position i the drafter reads fc([e(x_{i+1}), f_i]) (2E -> E, with a bias by default), runs one
+decoder layer (no input norm, as EAGLE's first layer) and outputs h_i, a prediction of f_{i+1}: the
 target's own LM head (over the draft vocabulary, frozen) turns it into the draft distribution of
 x_{i+2}, and h_i replaces f_{i+1} when drafting rolls forward. Training (specjax.train.drafter)
 uses teacher forcing with EAGLE's two losses: cross-entropy against the target's distribution
@@ -23,14 +23,20 @@ from specjax.models.config import ModelConfig
 
 @dataclasses.dataclass(frozen=True)
 class EagleConfig:
-  model: ModelConfig  # the drafter layer's shapes: the target's config with num_layers = 1
+  """model: the draft layer's shapes (heads, head_dim, MLP width, RoPE, q/k/v bias, q/k norm):
+  the target's config with num_layers = 1 when specjax trains the head, the published head's own
+  for a loaded one (`specjax.interop.formats.eagle`); its hidden_size is the target's.
+  fc_bias: whether fc carries a bias (EAGLE's default; its Llama-3 heads have none)."""
+
+  model: ModelConfig
+  fc_bias: bool = True
 
   @property
   def dtype(self) -> str:
     return self.model.dtype
 
   def with_dtype(self, dtype: str) -> EagleConfig:
-    return EagleConfig(self.model.replace(dtype=dtype, compute_dtype=dtype))
+    return dataclasses.replace(self, model=self.model.replace(dtype=dtype, compute_dtype=dtype))
 
 
 class EagleNet(nnx.Module):
@@ -38,7 +44,7 @@ class EagleNet(nnx.Module):
   def __init__(self, cfg: EagleConfig, rngs: nnx.Rngs):
     m = cfg.model
     e = m.hidden_size
-    self.fc = nnx.Linear(2 * e, e, use_bias=True, dtype=m.jnp_dtype, param_dtype=m.jnp_dtype,
+    self.fc = nnx.Linear(2 * e, e, use_bias=cfg.fc_bias, dtype=m.jnp_dtype, param_dtype=m.jnp_dtype,
                          kernel_init=nnx.initializers.normal(0.02), rngs=rngs)
     self.layer = eagle_common.DraftLayer(m, e, rngs)
 

@@ -174,7 +174,8 @@ class EagleDrafter(learned.LearnedDrafter):
     b, p = prefill.prompt.shape
     cfg = target.config
     slots = prefill.history.shape[1] + self._tree_slots + self.depth + 1
-    cache = KVCache.init(1, b, slots, cfg.num_kv_heads, cfg.head_dim, self.head_dtype)
+    m = self.net.model  # the draft layer's own heads (a published head's may differ)
+    cache = KVCache.init(1, b, slots, m.num_kv_heads, m.head_dim, self.head_dtype)
     feats = learned.concat_features(prefill.hidden).astype(self.head_dtype)  # [B, P, F]
     n_fed = prefill.hist_len - 2  # pairs 0 .. prompt_len - 2; the last one stays pending
     positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))

@@ -32,6 +32,9 @@ class Format(abc.ABC):
   name: str
   method: str
   weight_names: tuple[str, ...] = ()
+  # Whether `write` also needs the target itself (e.g. a layout that saves its embedding): then
+  # it is called with `target=`.
+  write_needs_target: bool = False
 
   @abc.abstractmethod
   def matches(self, config: dict[str, Any] | None, tensors: frozenset[str]) -> bool:
@@ -95,16 +98,23 @@ def read(path: str | os.PathLike, target, format: str) -> Converted:
 
 
 def write(path: str | os.PathLike, drafter, target_cfg, format: str,
-          dtype: str | None = None) -> None:
-  """Writes `drafter` (a learned drafter of the format's family) in layout `format`."""
+          dtype: str | None = None, target=None) -> None:
+  """Writes `drafter` (a learned drafter of the format's family) in layout `format`; `target`
+  (a `specjax.Target` of `target_cfg`) for the layouts that save some of its weights."""
   from specjax.drafters import registry
   fmt = get(format)
   if not isinstance(drafter.net, registry.family(fmt.method).config_cls):
     raise ValueError(f"the {format} layout holds {fmt.method} drafters, got one with a "
                      f"{type(drafter.net).__name__} network")
-  fmt.write(os.fspath(path), drafter, target_cfg, dtype)
+  if fmt.write_needs_target:
+    if target is None:
+      raise ValueError(f"writing the {format} layout needs the target (it saves some of the "
+                       "target's weights): pass target=")
+    fmt.write(os.fspath(path), drafter, target_cfg, dtype, target=target)
+  else:
+    fmt.write(os.fspath(path), drafter, target_cfg, dtype)
 
 
 def _load_builtin() -> None:
   if not _FORMATS:
-    from specjax.interop.formats import eagle3  # noqa: F401  (registers itself)
+    from specjax.interop.formats import eagle, eagle3  # noqa: F401  (register themselves)

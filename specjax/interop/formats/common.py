@@ -25,6 +25,7 @@ from flax import nnx
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
+from specjax.drafters import learned
 from specjax.models.config import ModelConfig
 
 CONFIG = "config.json"
@@ -300,6 +301,18 @@ def draft_model_config(config: dict[str, Any], target_cfg: ModelConfig, where: s
                      compute_dtype=target_cfg.dtype,
                      max_position_embeddings=max(cfg.max_position_embeddings,
                                                  target_cfg.max_position_embeddings))
+
+
+def check_embedding(ckpt: Checkpoint, target, names=("embed_tokens.weight",)) -> None:
+  """A saved embedding must be the target's: the head drafts with the target's own."""
+  for name in names:
+    if name in ckpt:
+      cfg = target.config
+      saved = np.asarray(ckpt.get(name, (cfg.vocab_size, cfg.hidden_size)), np.float32)
+      mine = np.asarray(learned.target_embedding(cfg, target.params), np.float32)
+      if not np.allclose(saved, mine, rtol=1e-2, atol=1e-2):
+        raise ValueError(f"{ckpt.path}: its {name} differs from the target's embedding: the "
+                         "drafter was made for another target")
 
 
 def check_vocab(name: str, size: int, target_cfg: ModelConfig, where: str) -> None:

@@ -117,18 +117,6 @@ def vocab_map(ckpt: common.Checkpoint, draft_vocab: int, vocab: int) -> np.ndarr
   return d2t
 
 
-def check_embedding(ckpt: common.Checkpoint, target, names=("embed_tokens.weight",)) -> None:
-  """A saved embedding must be the target's: the head drafts with the target's own."""
-  for name in names:
-    if name in ckpt:
-      cfg = target.config
-      saved = np.asarray(ckpt.get(name, (cfg.vocab_size, cfg.hidden_size)), np.float32)
-      mine = np.asarray(learned.target_embedding(cfg, target.params), np.float32)
-      if not np.allclose(saved, mine, rtol=1e-2, atol=1e-2):
-        raise ValueError(f"{ckpt.path}: its {name} differs from the target's embedding: the "
-                         "drafter was made for another target")
-
-
 class Eagle3Format(formats.Format):
   name = "eagle3"
   method = "eagle3"
@@ -154,7 +142,7 @@ class Eagle3Format(formats.Format):
     net = Eagle3Config(model, fc[1] // cfg.hidden_size, draft_vocab)
     params = read_params(ckpt, net)
     d2t = vocab_map(ckpt, draft_vocab, cfg.vocab_size)
-    check_embedding(ckpt, target)
+    common.check_embedding(ckpt, target)
     ckpt.check_all_used({"d2t", "t2d", "embed_tokens.weight",
                          *(n for n in ckpt.names() if n.endswith(_IGNORED_SUFFIXES))})
     layers, how = hidden_layers_of(config, cfg.num_layers, where)
