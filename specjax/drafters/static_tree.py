@@ -128,10 +128,14 @@ class StaticTreeFamily(learned.Family):
     template = trees.TreeTemplate.from_paths(DEFAULT_CHOICES if paths is None else paths)
     check_template(template, net.num_heads, d2t.shape[0])
     recent_tokens = learned.check_recent_tokens(recent_tokens, target.config)
-    head = learned.restricted_head(target.config, target.params, d2t).astype(net.dtype)
+    head = self.draft_head(net, target, d2t)
     return self.drafter_cls(params=params, d2t=d2t, head=head, recent_tokens=recent_tokens,
                             built_for=TargetFacts.of(target.config), net=net,
                             template=template, hidden_layers=hidden_layers)
+
+  def draft_head(self, net, target, d2t) -> jax.Array | None:
+    """The drafter's `head`: the target's LM head over the draft vocabulary [E, Vd]."""
+    return learned.restricted_head(target.config, target.params, d2t).astype(net.dtype)
 
   def tree_options(self, spec: str) -> dict:
     """'d': a chain of d nodes; a name in TREES: that tree."""

@@ -117,4 +117,4 @@ def write(path: str | os.PathLike, drafter, target_cfg, format: str,
 
 def _load_builtin() -> None:
   if not _FORMATS:
-    from specjax.interop.formats import eagle, eagle3  # noqa: F401  (register themselves)
+    from specjax.interop.formats import eagle, eagle3, medusa  # noqa: F401  (register themselves)

@@ -225,16 +225,17 @@ def torch_layout(name: str, value: np.ndarray) -> np.ndarray:
   return value.T if name.endswith(".kernel") else value
 
 
-def write_weights(path: str, tensors: dict[str, np.ndarray], dtype: str | None) -> None:
-  """`model.safetensors` of `tensors`; floating tensors cast to `dtype` ("bfloat16" goes
-  through ml_dtypes, the numpy bfloat16 that safetensors writes)."""
+def write_weights(path: str, tensors: dict[str, np.ndarray], dtype: str | None,
+                  name: str = SAFETENSORS) -> None:
+  """`name` (default `model.safetensors`) of `tensors`; floating tensors cast to `dtype`
+  ("bfloat16" goes through ml_dtypes, the numpy bfloat16 that safetensors writes)."""
   os.makedirs(path, exist_ok=True)
   out = {}
-  for name, x in tensors.items():
+  for key, x in tensors.items():
     if dtype and np.issubdtype(x.dtype, np.floating):
       x = np.asarray(jnp.asarray(x).astype(dtype))
-    out[name] = np.ascontiguousarray(x)
-  save_file(out, os.path.join(path, SAFETENSORS))
+    out[key] = np.ascontiguousarray(x)
+  save_file(out, os.path.join(path, name))
 
 
 def write_json(path: str, name: str, data: dict[str, Any]) -> None:
