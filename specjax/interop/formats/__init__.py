@@ -17,6 +17,7 @@ i, L = the final normed state) and records it in the drafter's `source`.
 from __future__ import annotations
 
 import abc
+import importlib
 import os
 from typing import Any
 
@@ -115,6 +116,11 @@ def write(path: str | os.PathLike, drafter, target_cfg, format: str,
     fmt.write(os.fspath(path), drafter, target_cfg, dtype)
 
 
+BUILTIN = ("eagle3", "eagle", "medusa", "dflash")
+
+
 def _load_builtin() -> None:
-  if not _FORMATS:
-    from specjax.interop.formats import eagle, eagle3, medusa  # noqa: F401  (register themselves)
+  """Imports the built-in formats (each registers itself; importing one alone registers only
+  that one, so the registry asks for all of them)."""
+  for name in BUILTIN:
+    importlib.import_module(f"specjax.interop.formats.{name}")
