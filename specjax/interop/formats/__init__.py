@@ -107,4 +107,4 @@ def write(path: str | os.PathLike, drafter, target_cfg, format: str,
 
 def _load_builtin() -> None:
   if not _FORMATS:
-    from specjax.interop.formats import eagle3  # noqa: F401  (registers itself)
+    from specjax.interop.formats import dflash, eagle3  # noqa: F401  (register themselves)
