@@ -130,6 +130,18 @@ def _torch_load(file: str) -> dict[str, np.ndarray]:
   return out
 
 
+def _read_bfloat16(file: str, key: str) -> np.ndarray:
+  """A bfloat16 safetensors tensor as float32 (exact), from the file's header offsets: the
+  numpy reader of safetensors refuses bfloat16, the dtype most published drafters ship in."""
+  with open(file, "rb") as f:
+    size = int.from_bytes(f.read(8), "little")
+    entry = json.loads(f.read(size))[key]
+    begin, end = entry["data_offsets"]
+    f.seek(8 + size + begin)
+    raw = np.frombuffer(f.read(end - begin), dtype="<u2")
+  return (raw.astype(np.uint32) << 16).view(np.float32).reshape(entry["shape"])
+
+
 class Checkpoint:
   """The tensors of a published drafter folder, by name, each read once on demand."""
 
@@ -163,6 +175,8 @@ class Checkpoint:
     def read(key, file=file):
       try:
         with safe_open(file, framework="numpy") as f:
+          if f.get_slice(key).get_dtype() == "BF16":  # numpy has no bfloat16: widened here
+            return _read_bfloat16(file, key)
           return f.get_tensor(key)
       except (SafetensorError, OSError, TypeError) as e:
         raise ValueError(f"cannot read tensor {key!r} of {file}: {e}") from None
