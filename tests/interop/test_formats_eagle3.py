@@ -269,7 +269,7 @@ BAD = {
     "unexpected": (_set("midlayer.extra.weight", torch.ones(3)), "does not use.*midlayer.extra"),
     "shape": (_set("lm_head.weight", torch.ones(VD, H // 2)), "lm_head.weight.*has shape"),
     "wider target": (_conf(hidden_size=2 * H), "hidden_size is 128, the target's 64"),
-    "vocab": (_conf(vocab_size=300), "vocab_size is 300, the target's vocabulary 211"),
+    "vocab": (_conf(vocab_size=300), "vocab_size has 300 rows, the target's vocabulary 211"),
     "d2t range": (_set("d2t", torch.full((VD,), 500, dtype=torch.int64)),
                   "outside the target vocabulary"),
     "t2d": (_set("t2d", torch.ones(211, dtype=torch.bool)), "t2d disagrees with d2t"),

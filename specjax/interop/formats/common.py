@@ -332,5 +332,5 @@ def check_embedding(ckpt: Checkpoint, target, names=("embed_tokens.weight",)) ->
 
 def check_vocab(name: str, size: int, target_cfg: ModelConfig, where: str) -> None:
   if size != target_cfg.vocab_size:
-    raise ValueError(f"{where}: the drafter's {name} is {size}, the target's vocabulary "
+    raise ValueError(f"{where}: {name} has {size} rows, the target's vocabulary "
                      f"{target_cfg.vocab_size}: it was made for another target")

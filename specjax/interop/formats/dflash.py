@@ -182,7 +182,7 @@ class DFlashFormat(formats.Format):
     d2t = eagle3.vocab_map(ckpt, draft_vocab, cfg.vocab_size)
     net = DFlashConfig(model, fc[1] // e, int(block_size), int(d2t.size), mask_id)
     params = read_params(ckpt, net)
-    eagle3.check_embedding(ckpt, target)
+    common.check_embedding(ckpt, target)
     ckpt.check_all_used({"d2t", "t2d", "embed_tokens.weight",
                          *(n for n in ckpt.names() if n.endswith(_IGNORED_SUFFIXES))})
     layers, how = hidden_layers_of(config, cfg.num_layers, model.num_layers, where)
