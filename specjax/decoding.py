@@ -362,6 +362,8 @@ def _setup(target: Target, prompts, max_new_tokens: int, drafter, sampling: Samp
   check_drafter(drafter, cfg)
   ids = _prepare_prompts(target, prompts)
   longest = max(len(r) for r in ids)
+  cfg.check_window(longest + max_new_tokens,
+                   f"prompt length {longest} + max_new_tokens {max_new_tokens}")
   if longest + max_new_tokens > cfg.max_position_embeddings:
     raise ValueError(f"prompt length {longest} + max_new_tokens {max_new_tokens} exceeds the "
                      f"model's context of {cfg.max_position_embeddings} tokens")

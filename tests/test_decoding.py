@@ -400,7 +400,7 @@ def _big_tokenizer(folder):
 
 
 _BAD_CHECKPOINTS = {
-    "unknown_architecture": (_gpt2, r"unknown architecture.*GPT2LMHeadModel"),
+    "unknown_architecture": (_gpt2, r"unsupported architecture GPT2LMHeadModel"),
     "missing_tensor": (_drop_tensor, r"missing tensor 'model\.layers\.1\.mlp\.up_proj\.weight'"),
     "misshaped_tensor": (_misshape_tensor,
                          r"'model\.layers\.0\.self_attn\.k_proj\.weight' has shape \(16, 64\)"),

@@ -59,12 +59,37 @@ def _flat_params(params: nnx.State) -> dict[tuple, jax.Array]:
   return {path: leaf for path, leaf in nnx.to_flat_state(params)}
 
 
-def to_hf_tensors(params: nnx.State) -> dict[str, jax.Array]:
-  """HF-named tensors of `params`, kernels transposed to torch's `[out, in]`."""
+def to_hf_tensors(params: nnx.State, cfg: ModelConfig | None = None) -> dict[str, jax.Array]:
+  """HF-named tensors of `params`, kernels transposed to torch's `[out, in]`; with the config of
+  an architecture whose checkpoints fuse projections (Phi-3), those fused as it stores them."""
   out = {}
   for path, var in _flat_params(params).items():
     value = var[...] if hasattr(var, "get_value") or hasattr(var, "value") else var
     out[hf_name(path)] = jnp.transpose(value) if _is_kernel(path) else value
+  if cfg is not None:
+    for fused, parts in _fused_tensors(cfg).items():
+      out[fused] = jnp.concatenate([out.pop(name) for name, _, _ in parts], axis=0)
+  return out
+
+
+# Phi-3 stores q/k/v as one `self_attn.qkv_proj` and gate/up as one `mlp.gate_up_proj`: the parts'
+# rows concatenated in torch's [out, in] layout, in this order. specjax keeps them apart.
+_FUSED = {"phi3": (("self_attn", "qkv_proj", ("q_proj", "k_proj", "v_proj")),
+                   ("mlp", "gate_up_proj", ("gate_proj", "up_proj")))}
+
+
+def _fused_tensors(cfg: ModelConfig) -> dict[str, list[tuple[str, int, int]]]:
+  """fused tensor name -> [(part name, first row, rows)] of `cfg`'s checkpoints."""
+  h, k, d, f = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size
+  rows = {"q_proj": h * d, "k_proj": k * d, "v_proj": k * d, "gate_proj": f, "up_proj": f}
+  out = {}
+  for i in range(cfg.num_layers):
+    for module, fused, parts in _FUSED.get(cfg.architecture, ()):
+      start, entries = 0, []
+      for part in parts:
+        entries.append((f"model.layers.{i}.{module}.{part}.weight", start, rows[part]))
+        start += rows[part]
+      out[f"model.layers.{i}.{module}.{fused}.weight"] = entries
   return out
 
 
@@ -134,6 +159,37 @@ class _SafetensorsSource:
       raise ValueError(f"cannot read tensor {name!r} of {self._files[name]}: {e}") from e
 
 
+class _UnfusedSource:
+  """A source whose fused tensors (`_FUSED`) read as their parts: each part a row range of the
+  fused tensor, so a slice of a part is a slice of the fused tensor's bytes."""
+
+  def __init__(self, cfg: ModelConfig, inner: _TensorSource):
+    self._inner, self._parts = inner, {}
+    self.shapes = dict(inner.shapes)
+    for fused, parts in _fused_tensors(cfg).items():
+      if fused not in inner.shapes:
+        raise ValueError(f"missing tensor {fused!r} in checkpoint")
+      width = cfg.hidden_size
+      want = (sum(rows for _, _, rows in parts), width)
+      if inner.shapes[fused] != want:
+        raise ValueError(f"tensor {fused!r} has shape {inner.shapes[fused]}, expected {want} "
+                         "for this config")
+      del self.shapes[fused]
+      for name, start, rows in parts:
+        self._parts[name] = (fused, start, rows)
+        self.shapes[name] = (rows, width)
+
+  def read(self, name, index=None):
+    if name not in self._parts:
+      return self._inner.read(name, index)
+    fused, start, rows = self._parts[name]
+    index = (slice(None), slice(None)) if index is None else tuple(index)
+    lo, hi, step = index[0].indices(rows)
+    if step != 1:
+      raise ValueError(f"strided read of {name!r}")
+    return self._inner.read(fused, (slice(start + lo, start + hi),) + index[1:])
+
+
 def _check_tensor_names(cfg: ModelConfig, source: _TensorSource, expected: set[str]) -> None:
   names = set(source.shapes)
   unexpected = sorted(names - expected - {"lm_head.weight"}
@@ -153,6 +209,8 @@ def _params_from_source(cfg: ModelConfig, source: _TensorSource, mesh=None) -> n
   each tensor becomes one array on the default device; on a mesh each device's shard is read
   from the source alone (`sharding.from_host_slices`), so no device and no host holds a whole
   copy of a sharded tensor."""
+  if cfg.architecture in _FUSED:
+    source = _UnfusedSource(cfg, source)
   abstract = decoder.abstract_params(cfg)
   _check_tensor_names(cfg, source, {hf_name(p) for p, _ in nnx.to_flat_state(abstract)})
   layout = None if mesh is None else {  # path -> NamedSharding (the Variable's value)
@@ -255,7 +313,7 @@ def save_hf(target: Target, path: str | os.PathLike, *, max_shard_bytes: int = 2
     json.dump(target.config.to_hf_dict(), f, indent=2)
   with open(os.path.join(path, _GENERATION), "w") as f:
     json.dump({**generation_defaults(target).to_hf_dict(), "do_sample": False}, f, indent=2)
-  tensors = to_hf_tensors(target.params)
+  tensors = to_hf_tensors(target.params, target.config)
   shards = _shard(tensors, max_shard_bytes)
   for stale in (_SINGLE, _INDEX):  # never leave a stale single file beside a new index
     if os.path.exists(os.path.join(path, stale)):

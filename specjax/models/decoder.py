@@ -113,6 +113,8 @@ def forward(cfg: ModelConfig, params: nnx.State, tokens: jax.Array, positions: j
   num_layers: run only the first m layers, then the final norm and LM head (layer-skip
   self-speculation); only those layers' cache entries are written.
   The returned cache has the new tokens written at `[length, length + T)`; `length` is unchanged.
+  A sliding window (`cfg.sliding_window`) is not applied: the caller keeps every position below
+  it (`ModelConfig.check_window`; `generate` and `full_forward` check).
   """
   _check_hidden_layers(cfg, hidden_layers)
   if num_layers is not None and not 1 <= num_layers <= cfg.num_layers:
@@ -142,6 +144,7 @@ def full_forward(cfg: ModelConfig, params: nnx.State, tokens: jax.Array,
                  ) -> ForwardOutput:
   """Causal forward of a right-padded ragged batch without a cache (training, scoring)."""
   b, t = tokens.shape
+  cfg.check_window(t, "the sequence length")
   lengths = jnp.full((b,), t, jnp.int32) if lengths is None else lengths
   positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
   return forward(cfg, params, tokens, positions, causal_mask(lengths, t), None,

@@ -1,4 +1,4 @@
-"""Building blocks of the Llama / Qwen2 / Qwen3 decoder (Flax NNX).
+"""Building blocks of the Llama / Mistral / Qwen2 / Qwen3 / Phi-3 decoder (Flax NNX).
 
 Attribute names mirror the Hugging Face modules (`self_attn.q_proj`, `mlp.gate_proj`, ...) so the
 checkpoint mapping in `specjax.interop` is mechanical. Numerics follow transformers: RMSNorm and

@@ -71,6 +71,7 @@ class LMTrainConfig:
 
   def __post_init__(self):
     longest = self.long_seq_len if self.long_steps else self.seq_len
+    self.model.check_window(longest, "the training sequence length")
     if longest > self.model.max_position_embeddings:
       raise ValueError(f"sequence length {longest} exceeds the model's context "
                        f"{self.model.max_position_embeddings}")

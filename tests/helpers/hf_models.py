@@ -24,11 +24,19 @@ VARIANTS = {
     "qwen2_bias": ("qwen2", dict(num_attention_heads=4, num_key_value_heads=2)),
     "qwen3_qknorm": ("qwen3", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=24,
                                    tie_word_embeddings=True)),
+    # A window (48) shorter than the context but longer than every sequence the shared tests run
+    # (<= 40 tokens): there it masks nothing, in transformers as in specjax.
+    "mistral_window": ("mistral", dict(num_attention_heads=4, num_key_value_heads=2,
+                                       sliding_window=48)),
+    # Fused qkv_proj / gate_up_proj in the checkpoint.
+    "phi3_fused": ("phi3", dict(num_attention_heads=4, num_key_value_heads=2)),
 }
 _CLASSES = {
     "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
     "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
     "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+    "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+    "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM),
 }
 
 

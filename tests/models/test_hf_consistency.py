@@ -361,7 +361,10 @@ _EXPECTED = {
                     (500000.0, RopeScaling("llama3", 8.0, 1.0, 4.0, 64))),
     "qwen2_bias": ("qwen2", 2, 2, 16, False, True, False, False, _DEFAULT_ROPE),
     "qwen3_qknorm": ("qwen3", 2, 2, 24, True, False, False, True, _DEFAULT_ROPE),
+    "mistral_window": ("mistral", 2, 2, 16, False, False, False, False, _DEFAULT_ROPE),
+    "phi3_fused": ("phi3", 2, 2, 16, False, False, False, False, _DEFAULT_ROPE),
 }
+_WINDOWS = {"mistral_window": 48}  # sliding_window; None for the others
 
 
 def _legacy_spelling(d):
@@ -390,6 +393,7 @@ def test_config_from_hf_dict(variant):
   assert cfg.rope_theta == theta and cfg.rope_scaling == scaling
   assert (cfg.rms_norm_eps, cfg.max_position_embeddings) == (1e-6, 512)
   assert cfg.eos_token_id == () and cfg.bos_token_id is None and cfg.dtype == "float32"
+  assert cfg.sliding_window == _WINDOWS.get(variant)
 
   v5 = {k: v for k, v in d.items() if k not in ("rope_theta", "rope_scaling")}
   v4 = _legacy_spelling(d)
