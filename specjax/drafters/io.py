@@ -186,7 +186,7 @@ def export_drafter(path: str | os.PathLike, drafter, target, format: str,
   """Writes a loaded learned drafter in a published layout (`specjax.interop.formats`), for
   the tools that read that layout; `load_drafter` reads it back."""
   from specjax.interop import formats
-  formats.write(path, drafter, target.config, format, dtype, target=target)
+  formats.write(path, drafter, target, format, dtype)
 
 
 def set_default_tree(path: str | os.PathLike, **tree_options) -> None:

@@ -260,11 +260,13 @@ def test_input_norm_on_layer0_is_not_this_layout(targets, tmp_path):
     io.load_drafter(path, target, format="eagle")
 
 
-def test_writing_needs_the_whole_vocabulary_and_the_target(targets, tmp_path):
+def test_writing_needs_the_whole_vocabulary_and_an_eagle_drafter(targets, tmp_path):
   _, target = targets("llama_gqa_tied")
   small = io.init_drafter("eagle", target, d2t=np.arange(50))
   with pytest.raises(ValueError, match="whole vocabulary"):
     io.export_drafter(tmp_path / "a", small, target, "eagle")
   full = io.init_drafter("eagle", target)
-  with pytest.raises(ValueError, match="needs the target"):
-    formats.write(tmp_path / "b", full, target.config, "eagle")
+  with pytest.raises(ValueError, match="the eagle layout holds eagle drafters"):
+    formats.write(tmp_path / "b", io.init_drafter("eagle3", target), target, "eagle")
+  formats.write(tmp_path / "b", full, target, "eagle")
+  assert formats.detect(tmp_path / "b") == "eagle"

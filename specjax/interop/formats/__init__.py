@@ -35,7 +35,6 @@ class Format(abc.ABC):
   weight_names: tuple[str, ...] = ()
   # Whether `write` also needs the target itself (e.g. a layout that saves its embedding): then
   # it is called with `target=`.
-  write_needs_target: bool = False
 
   @abc.abstractmethod
   def matches(self, config: dict[str, Any] | None, tensors: frozenset[str]) -> bool:
@@ -48,7 +47,7 @@ class Format(abc.ABC):
     tensor used, shapes checked."""
 
   @abc.abstractmethod
-  def write(self, path: str, drafter, target_cfg, dtype: str | None = None) -> None:
+  def write(self, path: str, drafter, target, dtype: str | None = None) -> None:
     """Writes a drafter of `self.method` in this layout."""
 
 
@@ -98,22 +97,16 @@ def read(path: str | os.PathLike, target, format: str) -> Converted:
   return fmt.read(Checkpoint(path, fmt.weight_names), target)
 
 
-def write(path: str | os.PathLike, drafter, target_cfg, format: str,
-          dtype: str | None = None, target=None) -> None:
-  """Writes `drafter` (a learned drafter of the format's family) in layout `format`; `target`
-  (a `specjax.Target` of `target_cfg`) for the layouts that save some of its weights."""
+def write(path: str | os.PathLike, drafter, target, format: str, dtype: str | None = None
+          ) -> None:
+  """Writes `drafter` (a learned drafter of the format's family, for `target`) in layout
+  `format`; `dtype` casts the stored weights."""
   from specjax.drafters import registry
   fmt = get(format)
   if not isinstance(drafter.net, registry.family(fmt.method).config_cls):
     raise ValueError(f"the {format} layout holds {fmt.method} drafters, got one with a "
                      f"{type(drafter.net).__name__} network")
-  if fmt.write_needs_target:
-    if target is None:
-      raise ValueError(f"writing the {format} layout needs the target (it saves some of the "
-                       "target's weights): pass target=")
-    fmt.write(os.fspath(path), drafter, target_cfg, dtype, target=target)
-  else:
-    fmt.write(os.fspath(path), drafter, target_cfg, dtype)
+  fmt.write(os.fspath(path), drafter, target, dtype)
 
 
 BUILTIN = ("eagle3", "eagle", "medusa", "dflash")

@@ -193,7 +193,8 @@ class DFlashFormat(formats.Format):
                             {"format": self.name, "files": ckpt.files, "taps": how,
                              "mask": mask_how})
 
-  def write(self, path, drafter, target_cfg, dtype=None):
+  def write(self, path, drafter, target, dtype=None):
+    target_cfg = target.config
     net = drafter.net
     m = net.model
     if net.correction_rank:

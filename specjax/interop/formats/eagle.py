@@ -100,7 +100,6 @@ def layer_model_config(config: dict[str, Any], ckpt: common.Checkpoint, target_c
 class EagleFormat(formats.Format):
   name = "eagle"
   method = "eagle"
-  write_needs_target = True  # the layout saves the target's embedding
 
   def matches(self, config, tensors) -> bool:
     if config is not None and "dflash_config" in config:
@@ -143,11 +142,10 @@ class EagleFormat(formats.Format):
               "absent: the target's"}
     return common.Converted(self.method, net, params, d2t, (cfg.num_layers,), {}, source)
 
-  def write(self, path, drafter, target_cfg, dtype=None, *, target=None):
+  def write(self, path, drafter, target, dtype=None):
+    target_cfg = target.config
     net, m = drafter.net, drafter.net.model
     where = f"cannot write this eagle drafter in EAGLE's layout ({path})"
-    if target is None:
-      raise ValueError(f"{where}: the layout saves the target's embedding; pass the target")
     if tuple(int(i) for i in drafter.hidden_layers) != (target_cfg.num_layers,):
       raise ValueError(f"{where}: it reads hidden states {list(drafter.hidden_layers)}, the "
                        f"layout only the final normed state ({target_cfg.num_layers})")

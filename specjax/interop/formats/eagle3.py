@@ -152,7 +152,8 @@ class Eagle3Format(formats.Format):
     return common.Converted(self.method, net, params, d2t, layers, {},
                             {"format": self.name, "files": ckpt.files, "taps": how})
 
-  def write(self, path, drafter, target_cfg, dtype=None):
+  def write(self, path, drafter, target, dtype=None):
+    target_cfg = target.config
     net = drafter.net
     layers = [int(h) for h in drafter.hidden_layers]
     model = net.model.replace(num_layers=1).to_hf_dict()

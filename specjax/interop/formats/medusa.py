@@ -185,7 +185,8 @@ class MedusaFormat(formats.Format):
     return common.Converted(self.method, net, params, np.arange(cfg.vocab_size, dtype=np.int32),
                             (cfg.num_layers,), default_tree(k), source)
 
-  def write(self, path, drafter, target_cfg, dtype=None):
+  def write(self, path, drafter, target, dtype=None):
+    target_cfg = target.config
     net = drafter.net
     v, e = target_cfg.vocab_size, target_cfg.hidden_size
     if tuple(drafter.hidden_layers) != (target_cfg.num_layers,):
