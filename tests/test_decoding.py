@@ -406,7 +406,7 @@ _BAD_CHECKPOINTS = {
                          r"'model\.layers\.0\.self_attn\.k_proj\.weight' has shape \(16, 64\)"),
     "unexpected_tensor": (_extra_tensor, r"does not use.*rope_thing"),
     "tied_but_lm_head_differs": (_untie_lm_head, r"tie_word_embeddings.*lm_head\.weight differs"),
-    "corrupt_safetensors": (_truncate_weights, r"cannot read weights file .*model\.safetensors"),
+    "corrupt_safetensors": (_truncate_weights, r"corrupt safetensors file .*model\.safetensors"),
     "no_weights": (lambda d: os.remove(os.path.join(d, "model.safetensors")), r"no weights in"),
     "missing_config": (lambda d: os.remove(os.path.join(d, "config.json")), r"no config\.json"),
     "corrupt_config": (_corrupt_config, r"not valid JSON"),

@@ -10,7 +10,6 @@ linear kernels are stored transposed (`[out, in]` in torch, `[in, out]` in Flax)
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
@@ -20,10 +19,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from safetensors import SafetensorError, safe_open
 from safetensors.flax import save_file
 
 from specjax import config_utils, sharding
+from specjax.interop.safetensors_file import SafetensorsFile
 from specjax.interop.tokenizer import (
   TOKENIZER_CONFIG_FILE,
   TOKENIZER_FILE,
@@ -134,29 +133,28 @@ class _DictSource:
 
 
 class _SafetensorsSource:
-  """The tensors of a folder's safetensors file(s), opened once (memory-mapped) and read lazily:
-  a slice read touches only that slice's bytes."""
+  """The tensors of a folder's safetensors file(s), headers read once and each tensor read on
+  demand with plain reads (`SafetensorsFile`): no memory map holds the file's pages while the
+  model is built, so a load peaks at the model plus one tensor."""
 
-  def __init__(self, path: str, stack: contextlib.ExitStack):
-    self.shapes, self._slices, self._files = {}, {}, {}
+  def __init__(self, path: str):
+    self.shapes, self._files = {}, {}
     files, _ = _weight_files(path)
     for name in files:
-      file = os.path.join(path, name)
-      try:
-        handle = stack.enter_context(safe_open(file, framework="numpy"))
-        for key in handle.keys():
-          self._slices[key] = handle.get_slice(key)
-          self.shapes[key] = tuple(self._slices[key].get_shape())
-          self._files[key] = file
-      except (SafetensorError, OSError) as e:
-        raise ValueError(f"cannot read weights file {file}: {e}") from e
+      handle = SafetensorsFile(os.path.join(path, name))
+      for key in handle.keys():
+        self.shapes[key] = handle.shapes[key]
+        self._files[key] = handle
 
   def read(self, name, index=None):
-    tensor = self._slices[name]
-    try:
-      return tensor[:] if index is None else tensor[index]
-    except (SafetensorError, OSError, ValueError) as e:
-      raise ValueError(f"cannot read tensor {name!r} of {self._files[name]}: {e}") from e
+    handle = self._files[name]
+    if index is None:
+      return handle.read(name)
+    index = tuple(index)
+    lead = index[0] if index and isinstance(index[0], slice) and index[0].step in (None, 1) \
+        else None
+    value = handle.read(name, lead)  # only the rows this shard needs
+    return value[(slice(None),) + index[1:]] if lead is not None else value[index]
 
 
 class _UnfusedSource:
@@ -287,8 +285,7 @@ def load_target(path: str | os.PathLike, dtype: str | None = None, *,
                          f"vocabulary [0, {cfg.vocab_size})")
     cfg = cfg.replace(eos_token_id=generation.eos_token_id)
   mesh = None if mesh is None else sharding.make_mesh(mesh)
-  with contextlib.ExitStack() as stack:
-    params = _params_from_source(cfg, _SafetensorsSource(path, stack), mesh)
+  params = _params_from_source(cfg, _SafetensorsSource(path), mesh)
   tok = None
   if tokenizer and os.path.exists(os.path.join(path, TOKENIZER_FILE)):
     tok = apply_tokenizer_config(load_tokenizer(path, vocab_size=cfg.vocab_size),

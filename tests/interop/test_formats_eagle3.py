@@ -296,7 +296,7 @@ def test_corrupt_and_unknown_folders(hf, tmp_path):
   path = write_head(tmp_path / "head")
   with open(os.path.join(path, "model.safetensors"), "wb") as f:
     f.write(b"not a safetensors file")
-  with pytest.raises(ValueError, match="corrupt drafter weights"):
+  with pytest.raises(ValueError, match="corrupt safetensors file"):
     specjax.load_drafter(path, target, format="eagle3")
   other = tmp_path / "other"
   other.mkdir()

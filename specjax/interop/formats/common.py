@@ -20,12 +20,13 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 from flax import nnx
-from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from specjax.drafters import learned
+from specjax.interop.safetensors_file import SafetensorsFile
 from specjax.models.config import ModelConfig
 
 CONFIG = "config.json"
@@ -96,14 +97,8 @@ def tensor_names(path: str, extra: Sequence[str] = ()) -> frozenset[str]:
   names: set[str] = set()
   for name in files:
     file = os.path.join(path, name)
-    if name.endswith(".safetensors"):
-      try:
-        with safe_open(file, framework="numpy") as f:
-          names.update(f.keys())
-      except (SafetensorError, OSError) as e:
-        raise ValueError(f"corrupt drafter weights {file}: {e}") from None
-    else:
-      names.update(_torch_load(file))
+    names.update(SafetensorsFile(file).keys() if name.endswith(".safetensors")
+                 else _torch_load(file))
   return frozenset(names)
 
 
@@ -130,18 +125,6 @@ def _torch_load(file: str) -> dict[str, np.ndarray]:
   return out
 
 
-def _read_bfloat16(file: str, key: str) -> np.ndarray:
-  """A bfloat16 safetensors tensor as float32 (exact), from the file's header offsets: the
-  numpy reader of safetensors refuses bfloat16, the dtype most published drafters ship in."""
-  with open(file, "rb") as f:
-    size = int.from_bytes(f.read(8), "little")
-    entry = json.loads(f.read(size))[key]
-    begin, end = entry["data_offsets"]
-    f.seek(8 + size + begin)
-    raw = np.frombuffer(f.read(end - begin), dtype="<u2")
-  return (raw.astype(np.uint32) << 16).view(np.float32).reshape(entry["shape"])
-
-
 class Checkpoint:
   """The tensors of a published drafter folder, by name, each read once on demand."""
 
@@ -164,24 +147,15 @@ class Checkpoint:
           self.shapes[key] = tuple(value.shape)
 
   def _open_safetensors(self, file: str) -> None:
-    try:
-      with safe_open(file, framework="numpy") as f:
-        keys = list(f.keys())
-        for key in keys:
-          self.shapes[key] = tuple(f.get_slice(key).get_shape())
-    except (SafetensorError, OSError) as e:
-      raise ValueError(f"corrupt drafter weights {file}: {e}") from None
+    handle = SafetensorsFile(file)
 
-    def read(key, file=file):
-      try:
-        with safe_open(file, framework="numpy") as f:
-          if f.get_slice(key).get_dtype() == "BF16":  # numpy has no bfloat16: widened here
-            return _read_bfloat16(file, key)
-          return f.get_tensor(key)
-      except (SafetensorError, OSError, TypeError) as e:
-        raise ValueError(f"cannot read tensor {key!r} of {file}: {e}") from None
+    def read(key):
+      value = handle.read(key)
+      # bfloat16 widened exactly to float32: numpy arithmetic on it stays exact
+      return value.astype(np.float32) if value.dtype == ml_dtypes.bfloat16 else value
 
-    for key in keys:
+    for key in handle.keys():
+      self.shapes[key] = handle.shapes[key]
       self._tensors[key] = lambda key=key: read(key)
 
   def __contains__(self, name: str) -> bool:
