@@ -57,6 +57,8 @@ class BenchmarkConfig:
   datasets: tuple[str, ...] = ("humaneval", "stdlib_heldout")
   prompts: str | None = None  # a JSONL prompt file; when set, the run's only dataset
   chat_template: bool = False  # render prompts with the target's chat template
+  # The template's own switches, e.g. --set chat_options.enable_thinking=false (Qwen3).
+  chat_options: dict[str, bool] = dataclasses.field(default_factory=dict)
   num_prompts: int = 8
   max_prompt_tokens: int = 256
   max_new_tokens: int = 128
@@ -119,7 +121,8 @@ def load_prompts(target: Target, dataset: str, cfg: BenchmarkConfig) -> list[lis
                      "JSONL prompt file")
   if template is not None or is_prompt_file(dataset):
     texts = [prompt_files.render(p if isinstance(p, prompt_files.Prompt)
-                                 else prompt_files.Prompt(text=p), template) for p in texts]
+                                 else prompt_files.Prompt(text=p), template, **cfg.chat_options)
+             for p in texts]
   rows = [target.encode(t, add_special_tokens=template is None) for t in texts]
   rows = [r for r in rows if len(r) >= 8][:cfg.num_prompts]
   # Keep the end of long prompts: the continuation depends on the most recent context.
@@ -370,7 +373,8 @@ def run(cfg: BenchmarkConfig) -> list[dict[str, Any]]:
   if cfg.mesh is not None:
     target = target.on_mesh(cfg.mesh)
   methods = list(cfg.methods) or [AR] + drafters.available(target)
-  methods += [m for m in cfg.drafter if m not in methods]
+  if not cfg.methods:  # the default: every available method and every drafter given a folder
+    methods += [m for m in cfg.drafter if m not in methods]
   if AR not in methods:
     methods.insert(0, AR)  # speedups are measured against AR in the same run
   methods.remove(AR)

@@ -160,3 +160,48 @@ def test_benchmark_on_a_users_checkpoint_drafters_and_prompts(tmp_path):
   assert os.path.exists(tmp_path / "out" / "acceptance_by_depth.png")
   with pytest.raises(ValueError, match="no chat template"):
     ChatTemplate.from_folder(tmp_path / "head")
+
+
+def test_paper_configs_run_on_tiny_checkpoints(tmp_path):
+  """configs/paper_*.py name the hub checkpoints and take their paths as overrides: on tiny
+  random folders in the published layouts (a DFlash block of 16, an EAGLE-3 head) the code path a
+  user with the real weights takes runs, and the template switch (enable_thinking=false) reaches
+  the chat template."""
+  import specjax
+  from specjax.benchmark import build_drafter
+  from specjax.config_utils import load_config
+  from specjax.drafters import io
+  from tests.helpers import tiny_targets as tt
+  from tests.interop import test_formats_dflash as published
+  folder = _user_checkpoint(tmp_path / "user_model")
+  config = json.loads((folder / "tokenizer_config.json").read_text())
+  config["chat_template"] = ("{% if enable_thinking is defined and not enable_thinking %}"
+                             "<|im_start|>{% endif %}" + CHATML)
+  (folder / "tokenizer_config.json").write_text(json.dumps(config))
+  target = specjax.load_target(str(folder), dtype="float32")
+  dflash_config = dict(published.CONFIG, block_size=16, vocab_size=320, num_target_layers=3,
+                       dflash_config={"mask_token_id": 319, "target_layer_ids": [0, 1, 2]})
+  dflash_dir = published.publish(tmp_path / "dflash", published.published_tensors(dflash_config),
+                                 dflash_config)
+  prompts = tmp_path / "math.jsonl"
+  prompts.write_text('{"prompt": "def f2(x):"}\n{"turns": ["def f5(x):"]}\n')
+  cfg = load_config("configs/paper_dflash_qwen3_8b.py", [
+      f"target={folder}", f"drafter.dflash={dflash_dir}", f"drafter.dflash_tree={dflash_dir}",
+      f"prompts={prompts}", "methods=autoregressive,dflash_tree", "num_prompts=2",
+      "max_new_tokens=8", "profile_repeats=1", "dtype=float32", f"out={tmp_path / 'out'}"])
+  from specjax.benchmark import load_prompts
+  rows = load_prompts(target, str(prompts), cfg)
+  assert rows[0][:2] == target.encode("<|im_start|><|im_start|>", add_special_tokens=False)
+  records = run(cfg)
+  assert [r["method"] for r in records] == [AR, "dflash_tree"]
+  assert records[1]["matches_autoregressive"] and records[1]["draft_nodes"] == 32
+
+  head = tmp_path / "eagle3"
+  io.export_drafter(head, tt.learned_drafter("eagle3", target), target, "eagle3")
+  cfg = load_config("configs/paper_eagle3_llama31_8b.py", [f"target={folder}",
+                                                           f"drafter.eagle3={head}"])
+  assert cfg.chat_template and cfg.dtype == "bfloat16"
+  drafter = build_drafter("eagle3", target, cfg, cfg.options_for("eagle3"))
+  assert drafter.num_nodes == 59
+  ar = specjax.generate(target, rows, max_new_tokens=8).tokens
+  assert specjax.generate(target, rows, max_new_tokens=8, drafter=drafter).tokens == ar

@@ -94,11 +94,11 @@ def read_prompts(path: str | os.PathLike) -> list[Prompt]:
   return prompts
 
 
-def render(prompt: Prompt, template: ChatTemplate | None) -> str:
-  """The text the target reads (see the module docstring)."""
+def render(prompt: Prompt, template: ChatTemplate | None, **options: Any) -> str:
+  """The text the target reads (see the module docstring); `options` go to the template."""
   if template is not None:
     messages = prompt.messages or ({"role": "user", "content": prompt.text},)
-    return template.render(list(messages))
+    return template.render(list(messages), **options)
   if prompt.messages is not None:
     if len(prompt.messages) == 1 and prompt.messages[0]["role"] == "user":
       return prompt.messages[0]["content"]  # a single user turn reads as its text

@@ -152,8 +152,10 @@ class ChatTemplate:
                    if (t := _token_text(config.get(k))) is not None)
     return cls(source, tokens)
 
-  def render(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True
-             ) -> str:
+  def render(self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True,
+             **options: Any) -> str:
+    """The conversation as text; `options` are the template's own switches (e.g. Qwen3's
+    `enable_thinking=False`), passed as transformers passes extra `apply_chat_template` args."""
     import jinja2
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -174,4 +176,4 @@ class ChatTemplate:
     except jinja2.TemplateError as e:
       raise ValueError(f"the chat template does not parse: {e}") from None
     return template.render(messages=list(messages), add_generation_prompt=add_generation_prompt,
-                           **dict(self.special_tokens))
+                           **dict(self.special_tokens), **options)
