@@ -81,6 +81,9 @@ def detect(path: str | os.PathLike) -> str:
   if config is not None and "method" in config and "net" in config:
     return SPECJAX
   tensors = tensor_names(path, [n for f in _FORMATS.values() for n in f.weight_names])
+  if config is None and not tensors:
+    raise ValueError(f"no drafter at {path}: config.json is missing, and no weights of a "
+                     f"published layout either (files {sorted(os.listdir(path))[:8]})")
   found = [f.name for f in _FORMATS.values() if f.matches(config, tensors)]
   if len(found) == 1:
     return found[0]

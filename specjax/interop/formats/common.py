@@ -199,6 +199,35 @@ def fill_params(abstract: nnx.State, read: Callable[[str, tuple[int, ...]], np.n
   return nnx.from_flat_state(flat)
 
 
+def torch_name(name: str) -> str:
+  """A Flax leaf name as torch spells it: "...q_proj.kernel" -> "...q_proj.weight"."""
+  return name.removesuffix(".kernel") + ".weight" if name.endswith(".kernel") else name
+
+
+def renamed(ours: str, table: Sequence[tuple[str, str]], layout: str) -> str:
+  """Our dotted name in a published layout: the first (our prefix, its prefix) of `table` that
+  matches, then `torch_name`."""
+  for mine, theirs in table:
+    if ours.startswith(mine):
+      return torch_name(theirs + ours[len(mine):])
+  raise AssertionError(f"no {layout} name for {ours}")
+
+
+def read_params(ckpt: Checkpoint, module: type, net, published_name: Callable[[str], str]
+                ) -> nnx.State:
+  """`module(net)`'s params from published tensors named by `published_name(our_name)`:
+  linear weights transposed to Flax kernels, every shape checked."""
+  from specjax.drafters import learned
+
+  def read(name, shape):
+    theirs = published_name(name)
+    if name.endswith(".kernel"):
+      return ckpt.linear(theirs, shape[0], shape[1])
+    return ckpt.get(theirs, shape)
+
+  return fill_params(learned.abstract_params(module, net), read)
+
+
 def flat_params(params: nnx.State) -> dict[str, np.ndarray]:
   """Our dotted names -> float32 numpy arrays (bfloat16 widened: numpy has no bfloat16 file)."""
   out = {}

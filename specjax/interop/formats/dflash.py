@@ -53,7 +53,6 @@ from typing import Any
 
 import numpy as np
 
-from specjax.drafters import learned
 from specjax.drafters.dflash import DFlashConfig, DFlashNet
 from specjax.interop import formats
 from specjax.interop.formats import common, eagle3
@@ -66,19 +65,12 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 def published_name(ours: str) -> str:
   """Our dotted param path is the published tensor name, kernels as `.weight`
   (e.g. "layers.0.self_attn.q_proj.kernel" -> "layers.0.self_attn.q_proj.weight")."""
-  return ours.removesuffix(".kernel") + ".weight" if ours.endswith(".kernel") else ours
+  return common.torch_name(ours)
 
 
 def read_params(ckpt: common.Checkpoint, net: DFlashConfig) -> Any:
   """The network's params from published tensors (kernels transposed, shapes checked)."""
-
-  def read(name, shape):
-    theirs = published_name(name)
-    if name.endswith(".kernel"):
-      return ckpt.linear(theirs, shape[0], shape[1])
-    return ckpt.get(theirs, shape)
-
-  return common.fill_params(learned.abstract_params(DFlashNet, net), read)
+  return common.read_params(ckpt, DFlashNet, net, published_name)
 
 
 def reference_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:

@@ -50,23 +50,12 @@ _LAYER = re.compile(r"layers\.(\d+)\.")
 
 def published_name(ours: str) -> str:
   """e.g. "layer.q_proj.kernel" -> "layers.0.self_attn.q_proj.weight"."""
-  for mine, theirs in _NAMES:
-    if ours.startswith(mine):
-      name = theirs + ours[len(mine):]
-      return name.removesuffix(".kernel") + ".weight" if name.endswith(".kernel") else name
-  raise AssertionError(f"no EAGLE name for {ours}")
+  return common.renamed(ours, _NAMES, "EAGLE")
 
 
 def read_params(ckpt: common.Checkpoint, net: EagleConfig) -> Any:
   """The network's params from published tensors (kernels transposed, shapes checked)."""
-
-  def read(name, shape):
-    theirs = published_name(name)
-    if name.endswith(".kernel"):
-      return ckpt.linear(theirs, shape[0], shape[1])
-    return ckpt.get(theirs, shape)
-
-  return common.fill_params(learned.abstract_params(EagleNet, net), read)
+  return common.read_params(ckpt, EagleNet, net, published_name)
 
 
 def layer_model_config(config: dict[str, Any], ckpt: common.Checkpoint, target_cfg, where: str):

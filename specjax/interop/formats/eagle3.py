@@ -37,7 +37,6 @@ from typing import Any
 
 import numpy as np
 
-from specjax.drafters import learned
 from specjax.drafters.eagle3 import Eagle3Config, Eagle3Net
 from specjax.interop import formats
 from specjax.interop.formats import common
@@ -58,23 +57,12 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 def published_name(ours: str) -> str:
   """e.g. "layer.q_proj.kernel" -> "midlayer.self_attn.q_proj.weight"."""
-  for mine, theirs in _NAMES:
-    if ours.startswith(mine):
-      name = theirs + ours[len(mine):]
-      return name.removesuffix(".kernel") + ".weight" if name.endswith(".kernel") else name
-  raise AssertionError(f"no EAGLE-3 name for {ours}")
+  return common.renamed(ours, _NAMES, "EAGLE-3")
 
 
 def read_params(ckpt: common.Checkpoint, net) -> Any:
   """The network's params from published tensors (kernels transposed, shapes checked)."""
-
-  def read(name, shape):
-    theirs = published_name(name)
-    if name.endswith(".kernel"):
-      return ckpt.linear(theirs, shape[0], shape[1])
-    return ckpt.get(theirs, shape)
-
-  return common.fill_params(learned.abstract_params(Eagle3Net, net), read)
+  return common.read_params(ckpt, Eagle3Net, net, published_name)
 
 
 def hidden_layers_of(config: dict[str, Any], num_layers: int, where: str
