@@ -106,23 +106,19 @@ def load_prompts(target: Target, dataset: str, cfg: BenchmarkConfig) -> list[lis
   prompts of a JSONL file (rendered with the target's chat template under `chat_template`)."""
   from specjax import data
   from specjax.data import prompts as prompt_files
-  template = None
-  if cfg.chat_template:
-    template = ChatTemplate.from_folder(cfg.target or assets.TARGET_DIR)
+  template = ChatTemplate.from_folder(cfg.target or assets.TARGET_DIR) if (
+      cfg.chat_template) else None
   if dataset == "humaneval":
-    texts = [ex["prompt"] for ex in data.load_humaneval(cfg.data_dir)]
+    prompts = [prompt_files.Prompt(text=ex["prompt"]) for ex in data.load_humaneval(cfg.data_dir)]
   elif dataset == "stdlib_heldout":
-    texts = [ex["text"] for ex in data.load_stdlib_code("heldout", cfg.data_dir)]
+    prompts = [prompt_files.Prompt(text=ex["text"])
+               for ex in data.load_stdlib_code("heldout", cfg.data_dir)]
   elif is_prompt_file(dataset):
-    texts = [prompt_files.Prompt(text=t) if isinstance(t, str) else t
-             for t in prompt_files.read_prompts(dataset)]
+    prompts = prompt_files.read_prompts(dataset)
   else:
     raise ValueError(f"unknown dataset {dataset!r}; use 'humaneval', 'stdlib_heldout' or a "
                      "JSONL prompt file")
-  if template is not None or is_prompt_file(dataset):
-    texts = [prompt_files.render(p if isinstance(p, prompt_files.Prompt)
-                                 else prompt_files.Prompt(text=p), template, **cfg.chat_options)
-             for p in texts]
+  texts = [prompt_files.render(p, template, **cfg.chat_options) for p in prompts]
   rows = [target.encode(t, add_special_tokens=template is None) for t in texts]
   rows = [r for r in rows if len(r) >= 8][:cfg.num_prompts]
   # Keep the end of long prompts: the continuation depends on the most recent context.
