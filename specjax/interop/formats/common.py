@@ -54,17 +54,17 @@ class Converted:
   source: dict[str, Any]
 
 
-def read_json(path: str) -> dict[str, Any]:
+def read_json(path: str, what: str = "JSON") -> dict[str, Any]:
   try:
     with open(path) as f:
       return json.load(f)
   except json.JSONDecodeError as e:
-    raise ValueError(f"corrupt JSON {path}: {e}") from None
+    raise ValueError(f"corrupt {what} {path}: {e}") from None
 
 
 def read_config(path: str) -> dict[str, Any] | None:
   file = os.path.join(path, CONFIG)
-  return read_json(file) if os.path.isfile(file) else None
+  return read_json(file, "drafter config") if os.path.isfile(file) else None
 
 
 def weight_files(path: str, extra: Sequence[str] = ()) -> list[str]:
@@ -73,7 +73,7 @@ def weight_files(path: str, extra: Sequence[str] = ()) -> list[str]:
   index = os.path.join(path, INDEX)
   if os.path.isfile(index):
     try:
-      names = sorted(set(read_json(index)["weight_map"].values()))
+      names = sorted(set(read_json(index, "weight index")["weight_map"].values()))
     except KeyError:
       raise ValueError(f"corrupt shard index {index}: no weight_map") from None
     for name in names:
