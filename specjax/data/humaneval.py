@@ -68,6 +68,6 @@ class Humaneval(tfds.core.GeneratorBasedBuilder):
 
 def load_humaneval(data_dir=None) -> storage.TextRecords:
   """The 164 problems as `{task_id, prompt, canonical_solution, test, entry_point}` str dicts."""
-  builder = Humaneval(
-      data_dir=storage.resolve_data_dir(data_dir), file_format=storage.FILE_FORMAT)
-  return storage.records(storage.prepare(builder), 'test')
+  builder = storage.prepare(lambda: Humaneval(data_dir=storage.resolve_data_dir(data_dir),
+                                              file_format=storage.FILE_FORMAT))
+  return storage.records(builder, 'test')

@@ -178,17 +178,17 @@ def load_stdlib_code(split: str, data_dir=None, source_dir=None) -> storage.Text
   """
   if split not in SPLITS:
     raise ValueError(f'unknown split {split!r}; expected one of {SPLITS}')
-  builder = storage.prepare(stdlib_builder(data_dir, source_dir))
+  builder = storage.prepare(lambda: stdlib_builder(data_dir, source_dir))
   return storage.records(builder, split)
 
 
 def split_sizes(data_dir=None, source_dir=None) -> dict[str, int]:
   """`{'train': n, 'heldout': m}` for the stdlib (or `source_dir`) dataset, built on first use."""
-  builder = storage.prepare(stdlib_builder(data_dir, source_dir))
+  builder = storage.prepare(lambda: stdlib_builder(data_dir, source_dir))
   return storage.split_sizes_of(builder, SPLITS)
 
 
 def stdlib_metadata(data_dir=None, source_dir=None) -> dict:
   """What the build recorded: python_version, source_dir, heldout_percent, skipped_non_utf8."""
-  builder = storage.prepare(stdlib_builder(data_dir, source_dir))
+  builder = storage.prepare(lambda: stdlib_builder(data_dir, source_dir))
   return dict(builder.info.metadata)

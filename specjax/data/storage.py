@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections.abc
 import contextlib
+import fcntl
 import logging
 import os
 import sys
@@ -77,15 +78,27 @@ def quiet_tfds():
       logger.setLevel(level)
 
 
-def prepare(builder: tfds.core.DatasetBuilder) -> tfds.core.DatasetBuilder:
-  """Builds the dataset unless already prepared, saying so in one line instead of TFDS's
-  "Downloading and preparing ... Subsequent calls will reuse this data" (nothing is
-  downloaded); a prepared dir may be read-only."""
+def prepare(make_builder: collections.abc.Callable[[], tfds.core.DatasetBuilder]
+            ) -> tfds.core.DatasetBuilder:
+  """The dataset of `make_builder()`, built unless already prepared, saying so in one line
+  instead of TFDS's "Downloading and preparing ... Subsequent calls will reuse this data" (nothing
+  is downloaded); a prepared dir may be read-only.
+
+  Builds are serialised across processes by a lock file in the data dir (parallel test workers,
+  several jobs of one user): a process that waited builds nothing and makes its builder anew,
+  since a builder reads the dataset's info when it is made."""
   with quiet_tfds():
-    if not builder.is_prepared():
-      ensure_writable(os.fspath(builder.data_dir_root))
-      print(f'building the {builder.name} dataset (first run only) in {builder.data_dir_root}',
-            file=sys.stderr, flush=True)
+    builder = make_builder()
+    if builder.is_prepared():
+      return builder
+    root = os.fspath(builder.data_dir_root)
+    ensure_writable(root)
+    with _locked(os.path.join(root, f'.{builder.name}.lock')):
+      builder = make_builder()
+      if builder.is_prepared():
+        return builder
+      print(f'building the {builder.name} dataset (first run only) in {root}', file=sys.stderr,
+            flush=True)
       # The two announcements are plain prints of the builder: only this instance's are dropped.
       builder._log_download_bytes = builder._log_download_done = lambda: None
       try:
@@ -93,6 +106,17 @@ def prepare(builder: tfds.core.DatasetBuilder) -> tfds.core.DatasetBuilder:
       finally:
         del builder._log_download_bytes, builder._log_download_done
   return builder
+
+
+@contextlib.contextmanager
+def _locked(path: str):
+  """An exclusive advisory lock on `path` (created if absent), held for the block."""
+  with open(path, 'a') as f:
+    fcntl.flock(f, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def split_sizes_of(builder: tfds.core.DatasetBuilder, splits: tuple[str, ...]) -> dict[str, int]:

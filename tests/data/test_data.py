@@ -155,6 +155,29 @@ def test_first_build_prints_one_line_and_no_tfds_chatter(tiny_src, tmp_path, cap
   assert capfd.readouterr() == ('', '')
 
 
+_BUILD = """
+import sys
+from specjax import data
+print(len(data.load_stdlib_code('train', data_dir=sys.argv[1], source_dir=sys.argv[2])))
+"""
+
+
+def test_concurrent_first_builds_wait_for_one_another(tiny_src, tiny_data_dir, tmp_path):
+  """Two processes that find the dataset unbuilt at once (parallel test workers, two jobs of one
+  user): one builds, the other waits on the data dir's lock and reads the same examples."""
+  import subprocess
+  import sys
+
+  procs = [subprocess.Popen([sys.executable, '-c', _BUILD, str(tmp_path), str(tiny_src)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+           for _ in range(2)]
+  results = [p.communicate(timeout=300) for p in procs]
+  assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in results]
+  want = len(_examples(tiny_data_dir, tiny_src)['train'])
+  assert [int(out.split()[-1]) for out, _ in results] == [want, want]
+  assert sum('building the stdlib_code dataset' in err for _, err in results) == 1
+
+
 def test_a_failing_build_still_raises(tmp_path, monkeypatch):
   """Silencing TFDS hides no error: one raised while generating examples reaches the caller."""
   from specjax.data import humaneval
