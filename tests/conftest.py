@@ -27,6 +27,16 @@ os.environ["XLA_FLAGS"] = " ".join([_flags] + [f"--{k}={v}" for k, v in _TEST_XL
                                                if k not in _flags]).strip()
 
 
+MAX_WORKERS = 4
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+  """`-n auto` (pyproject's addopts): a worker per core, at most MAX_WORKERS. Each worker holds a
+  JAX runtime of 8 emulated devices and its compiled programs; tests are compile-bound and
+  single-threaded, so more workers than cores only contend."""
+  return max(1, min(len(os.sched_getaffinity(0)), MAX_WORKERS))
+
+
 @dataclasses.dataclass(frozen=True)
 class Checkpoint:
   """A tiny HF checkpoint on disk, the transformers model it came from, and specjax's load of it."""
