@@ -306,15 +306,7 @@ class ModelConfig:
 
   def to_hf_dict(self) -> dict[str, Any]:
     """The `config.json` that transformers reads for this model (4.x and 5.x spellings both)."""
-    rope_params: dict[str, Any] = {"rope_type": self.rope_scaling.rope_type,
-                                   "rope_theta": self.rope_theta}
-    if self.rope_scaling.rope_type != "default":
-      rope_params["factor"] = self.rope_scaling.factor
-    if self.rope_scaling.rope_type == "llama3":
-      rope_params.update(
-          low_freq_factor=self.rope_scaling.low_freq_factor,
-          high_freq_factor=self.rope_scaling.high_freq_factor,
-          original_max_position_embeddings=self.rope_scaling.original_max_position_embeddings)
+    rope_params = _rope_dict(self.rope_theta, self.rope_scaling)
     legacy_scaling = None
     if self.rope_scaling.rope_type != "default":
       legacy_scaling = {k: v for k, v in rope_params.items() if k != "rope_theta"}
@@ -370,17 +362,18 @@ class ModelConfig:
     if self.architecture == "gemma3_text":
       # Per layer type, as transformers 5.x nests them; 4.x reads rope_theta / rope_scaling
       # (already written, the full layers') and rope_local_base_freq.
-      full = {"rope_theta": self.rope_theta, "rope_type": self.rope_scaling.rope_type}
-      if self.rope_scaling.rope_type != "default":
-        full.update(_rope_scaling_dict(self.rope_scaling))
       local = self.rope_theta if self.rope_local_theta is None else self.rope_local_theta
-      d.update(rope_parameters={"full_attention": full, "sliding_attention": {
-          "rope_type": "default", "rope_theta": local}}, rope_local_base_freq=local)
+      d.update(rope_parameters={"full_attention": _rope_dict(self.rope_theta, self.rope_scaling),
+                                "sliding_attention": _rope_dict(local, RopeScaling())},
+               rope_local_base_freq=local)
     return d
 
 
-def _rope_scaling_dict(scaling: RopeScaling) -> dict[str, Any]:
-  out: dict[str, Any] = {"rope_type": scaling.rope_type, "factor": scaling.factor}
+def _rope_dict(theta: float, scaling: RopeScaling) -> dict[str, Any]:
+  """transformers 5.x `rope_parameters` of one RoPE."""
+  out: dict[str, Any] = {"rope_type": scaling.rope_type, "rope_theta": theta}
+  if scaling.rope_type != "default":
+    out["factor"] = scaling.factor
   if scaling.rope_type == "llama3":
     out.update(low_freq_factor=scaling.low_freq_factor, high_freq_factor=scaling.high_freq_factor,
                original_max_position_embeddings=scaling.original_max_position_embeddings)

@@ -142,6 +142,16 @@ def test_gemma_window_is_per_layer_and_enforced(hf_checkpoint, variant):
   assert not full.windowed and full.context_length == 512
 
 
+def test_gemma_on_a_mesh_decodes_as_unsharded(hf_checkpoint, tmp_path):
+  """Gemma 2 split over a tp=2 mesh (heads, MLP and the vocabulary, so the final soft-cap runs
+  on vocabulary shards): the same greedy tokens as on one device."""
+  hf_models.save_hf_model("gemma2_softcap", tmp_path, vocab_size=212)
+  target = specjax.load_target(tmp_path)
+  prompts = [[5, 9, 2, 5, 9, 2, 7], [3, 1, 4, 1, 5]]
+  ref = specjax.generate(target, prompts, max_new_tokens=8).tokens
+  assert specjax.generate(target.on_mesh("dp=-1,tp=2"), prompts, max_new_tokens=8).tokens == ref
+
+
 def _logits(cfg, params, tokens):
   return np.asarray(decoder.full_forward(cfg, params, tokens).logits)
 
@@ -228,9 +238,11 @@ def test_gemma_configs_round_trip_and_refuse_what_they_cannot_run():
 
 @pytest.mark.parametrize("variant, method", [("gemma2_softcap", "eagle"),
                                              ("gemma3_text_mixed", "dflash")])
-def test_learned_drafters_on_gemma_are_lossless(hf_checkpoint, variant, method):
+def test_learned_drafters_on_gemma_are_lossless(hf_checkpoint, variant, method, tmp_path):
   """A randomly initialised learned drafter on a Gemma target (its embeddings read through
-  `learned.embed`, scaled as the target's) drafts, and greedy output equals autoregressive."""
+  `learned.embed`, scaled as the target's) drafts, and greedy output equals autoregressive. The
+  published layouts, which hold Llama/Qwen layers, refuse to write its Gemma-shaped layers."""
+  from specjax.interop import formats
   from tests.helpers import tiny_targets
   target = hf_checkpoint(variant).target
   rng = np.random.default_rng(3)
@@ -239,6 +251,8 @@ def test_learned_drafters_on_gemma_are_lossless(hf_checkpoint, variant, method):
   ar = specjax.generate(target, prompts, max_new_tokens=16)
   drafter = tiny_targets.learned_drafter(method, target)
   assert specjax.generate(target, prompts, max_new_tokens=16, drafter=drafter).tokens == ar.tokens
+  with pytest.raises(ValueError, match=rf"the {method} layout holds Llama/Qwen layers"):
+    formats.write(tmp_path, drafter, target, method)
 
 
 def test_phi3_fused_tensors_split_at_load_and_fuse_at_save(hf_checkpoint, tmp_path):
