@@ -283,9 +283,11 @@ class DFlashDrafter(learned.LearnedDrafter):
     size = self.net.block_size
     cache = state.cache
     start = ctx.hist_len - 1  # the pending token's position: the anchor
-    emb_table = learned.target_embedding(cfg, target.params)
-    first = jnp.take(emb_table, ctx.pending, axis=0).astype(self.head_dtype)[:, None]
-    x = net.embed_blocks(first, net.mask_row(emb_table, self.net.mask_token_id), size)
+    first = learned.embed(cfg, target.params, ctx.pending).astype(self.head_dtype)[:, None]
+    mask_id = self.net.mask_token_id  # `mask_row`, gathering the one row rather than the table
+    mask = net.mask_embedding[...] if mask_id is None else learned.embed(
+        cfg, target.params, jnp.asarray(mask_id))
+    x = net.embed_blocks(first, mask, size)
     positions = (start[:, None] + jnp.arange(size)[None, :]).astype(jnp.int32)[:, None]
     ctx_mask = (jnp.arange(cache.max_len)[None, :] < cache.length[:, None])[:, None]
     ctx_kv = [(cache.k[i], cache.v[i]) for i in range(self.net.model.num_layers)]

@@ -29,7 +29,7 @@ from flax import nnx, struct
 
 from specjax import checks
 from specjax.drafters.base import TargetFacts
-from specjax.models import decoder
+from specjax.models import decoder, layers
 from specjax.models.config import ModelConfig
 
 # ------------------------------------------------------------------------------------------------
@@ -60,8 +60,19 @@ def vocab_coverage(counts: np.ndarray, d2t: np.ndarray) -> float:
 
 
 def target_embedding(cfg: ModelConfig, params: nnx.State) -> jax.Array:
-  """[V, E] the target's input embedding table (frozen: drafters read it, never train it)."""
+  """[V, E] the target's input embedding table (frozen: drafters read it, never train it), as
+  the checkpoint stores it; `input_embeddings` is what the target's first layer reads."""
   return nnx.merge(decoder.graphdef(cfg), params).embed_tokens.embedding[...]
+
+
+def input_embeddings(cfg: ModelConfig, params: nnx.State) -> jax.Array:
+  """[V, E] the embeddings as the target's first layer reads them: the table itself, or for
+  Gemma the table times sqrt(E) in the compute dtype (a scaled copy), so that drafters fed
+  target embeddings see the target's."""
+  table = target_embedding(cfg, params)
+  if not cfg.embed_scale:
+    return table
+  return layers.scale_embeddings(cfg, table.astype(cfg.compute_jnp_dtype))
 
 
 def target_unembedding(cfg: ModelConfig, params: nnx.State) -> jax.Array:
@@ -80,15 +91,19 @@ def restricted_head(cfg: ModelConfig, params: nnx.State, d2t: jax.Array) -> jax.
 def head_columns(cfg: ModelConfig, params: nnx.State, tokens: jax.Array) -> jax.Array:
   """[..., E] the target's LM head columns of target ids `tokens` (any shape), gathered per call:
   for a few ids per round (the draft vocabulary's columns are gathered once, `restricted_head`)."""
-  if cfg.tie_word_embeddings:
-    return embed(cfg, params, tokens)
+  if cfg.tie_word_embeddings:  # the stored rows: Gemma's embedding scale is not the head's
+    return jnp.take(target_embedding(cfg, params), tokens, axis=0)
   kernel = nnx.merge(decoder.graphdef(cfg), params).lm_head.kernel[...]  # [E, V]
   return jnp.moveaxis(jnp.take(kernel, tokens, axis=1), 0, -1)
 
 
 def embed(cfg: ModelConfig, params: nnx.State, tokens: jax.Array) -> jax.Array:
-  """[..., E] target embeddings of target token ids."""
-  return jnp.take(target_embedding(cfg, params), tokens, axis=0)
+  """[..., E] target embeddings of target token ids, as the target's first layer reads them
+  (rows of `input_embeddings`, gathered before Gemma's scale rather than scaling the table)."""
+  rows = jnp.take(target_embedding(cfg, params), tokens, axis=0)
+  if not cfg.embed_scale:
+    return rows
+  return layers.scale_embeddings(cfg, rows.astype(cfg.compute_jnp_dtype))
 
 
 def concat_features(hidden: jax.Array) -> jax.Array:

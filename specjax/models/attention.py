@@ -29,7 +29,9 @@ class AttentionFn(Protocol):
 
     With `length`, slots `[length, length + T)` of k/v hold the new tokens and slots `< length`
     the committed prefix. With `length=None` there is no prefix: k/v are the new tokens (S == T).
-    Returns [B, T, H, D].
+    Returns [B, T, H, D]. A model with attention soft-capping (Gemma 2) also passes
+    `softcap=cap`: the scaled scores become tanh(scores / cap) * cap before the mask; an
+    implementation without that keyword cannot run such a model.
     """
 
 
@@ -46,12 +48,14 @@ def full_mask(length: jax.Array | None, new_mask: jax.Array, num_slots: int) -> 
   return (rel < 0)[:, None, :] | (in_new[:, None, :] & sees_new)
 
 
-def xla_attention(q, k, v, length, new_mask, *, sm_scale):
+def xla_attention(q, k, v, length, new_mask, *, sm_scale, softcap=None):
   """Masked softmax attention with GQA grouping, in plain jnp (XLA fuses it)."""
   b, t, h, d = q.shape
   kv_heads = k.shape[2]
   qg = q.reshape(b, t, kv_heads, h // kv_heads, d)  # [B, T, K, G, D]
   scores = jnp.einsum("BTKGD,BSKD->BKGTS", qg, k, preferred_element_type=jnp.float32) * sm_scale
+  if softcap is not None:  # Gemma 2, in float32 as the scores are
+    scores = jnp.tanh(scores / softcap) * softcap
   mask = full_mask(length, new_mask, k.shape[1])  # [B, T, S]
   scores = jnp.where(mask[:, None, None], scores, _MASK_VALUE)
   probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)

@@ -1,4 +1,5 @@
-"""Model configuration for the Llama family of decoders: Llama, Mistral, Qwen2, Qwen3 and Phi-3.
+"""Model configuration for the Llama family of decoders: Llama, Mistral, Qwen2, Qwen3, Phi-3,
+and Gemma 2 / Gemma 3 (text).
 
 `ModelConfig` is frozen and hashable so it can be a static `jax.jit` argument. It is read from and
 written to Hugging Face `config.json` dictionaries, accepting both the transformers 4.x spelling
@@ -16,7 +17,7 @@ import jax.numpy as jnp
 
 from specjax.models.attention import attention_impls
 
-Architecture = Literal["llama", "mistral", "qwen2", "qwen3", "phi3"]
+Architecture = Literal["llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text"]
 
 # HF `architectures[0]` and `model_type` -> our family name.
 _HF_ARCHITECTURES = {
@@ -25,9 +26,14 @@ _HF_ARCHITECTURES = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "Phi3ForCausalLM": "phi3",
+    "Gemma2ForCausalLM": "gemma2",
+    "Gemma3ForCausalLM": "gemma3_text",
 }
 _HF_MODEL_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3",
-                   "phi3": "phi3"}
+                   "phi3": "phi3", "gemma2": "gemma2", "gemma3_text": "gemma3_text"}
+_GEMMA = ("gemma2", "gemma3_text")
+_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
+_LAYER_TYPES = ("full_attention", "sliding_attention")
 _ARCH_TO_HF = {v: k for k, v in _HF_ARCHITECTURES.items()}
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 _ROPE_TYPES = ("default", "llama3", "linear")
@@ -59,10 +65,19 @@ class ModelConfig:
   `qkv_proj` and gate/up into one `gate_up_proj` (split at load, fused again at save:
   `specjax.interop.hf`).
 
+  Gemma 2 and Gemma 3 (text) are the same decoder with the flags of the block below on: RMSNorm
+  scaling by (1 + w), embeddings scaled by sqrt(E), norms on each sublayer's output as well as its
+  input, a GeGLU MLP, their own attention scale, and tanh soft-capping of attention scores
+  (Gemma 2) and of the final logits. Gemma 3 adds per-head q/k norms (`qk_norm`) and gives its
+  sliding layers their own RoPE base (`rope_local_theta`). `layer_types` keeps which layers
+  slide, as the checkpoint says.
+
   Sliding windows (`sliding_window`: a query sees only keys fewer than that many positions back)
   are not implemented in the attention. Such a model is run only while every sequence fits in
   the window, where the window masks nothing and the model is exact: `context_length` is the
   smaller of the window and `max_position_embeddings`, and `check_window` raises past it.
+  With `layer_types` (Gemma), only the layers typed "sliding_attention" slide, so the limit
+  applies when there is at least one.
   """
 
   architecture: Architecture = "llama"
@@ -86,6 +101,16 @@ class ModelConfig:
   # Qwen2/Qwen3 with a window: layers with index >= this slide (the others attend fully). Kept so
   # that a saved config.json says what the checkpoint said; the limit above covers every layer.
   max_window_layers: int | None = None
+  # Gemma 2 / Gemma 3 (text); off for the other families.
+  norm_offset: bool = False  # RMSNorm scales by (1 + w): w is stored as an offset (zeros init)
+  embed_scale: bool = False  # the embeddings are multiplied by sqrt(hidden_size)
+  sandwich_norms: bool = False  # also norm each sublayer's output, before its residual add
+  hidden_act: str = "silu"  # the MLP gate's activation: "silu" (SwiGLU), "gelu_pytorch_tanh"
+  query_pre_attn_scalar: float | None = None  # attention scale this ** -0.5 (None: head_dim's)
+  attn_logit_softcapping: float | None = None  # scores -> tanh(scores / cap) * cap, pre-mask
+  final_logit_softcapping: float | None = None  # logits -> tanh(logits / cap) * cap
+  rope_local_theta: float | None = None  # RoPE base of "sliding_attention" layers (Gemma 3)
+  layer_types: tuple[str, ...] | None = None  # per layer: "full_attention" | "sliding_attention"
   bos_token_id: int | None = None
   eos_token_id: tuple[int, ...] = ()
   dtype: str = "float32"  # parameter (storage) dtype: the checkpoint's, or what loading asks for
@@ -121,6 +146,35 @@ class ModelConfig:
     if self.max_window_layers is not None and (
         self.architecture not in ("qwen2", "qwen3") or self.sliding_window is None):
       raise ValueError("max_window_layers applies only to a Qwen2/Qwen3 sliding window")
+    self._check_gemma_fields()
+
+  def _check_gemma_fields(self):
+    gemma = {"norm_offset": self.norm_offset, "embed_scale": self.embed_scale,
+             "sandwich_norms": self.sandwich_norms,
+             "hidden_act": self.hidden_act != "silu",
+             "query_pre_attn_scalar": self.query_pre_attn_scalar is not None,
+             "attn_logit_softcapping": self.attn_logit_softcapping is not None,
+             "final_logit_softcapping": self.final_logit_softcapping is not None,
+             "rope_local_theta": self.rope_local_theta is not None,
+             "layer_types": self.layer_types is not None}
+    if self.architecture not in _GEMMA and any(gemma.values()):
+      # config.json has no place for them outside Gemma: a saved model would lose them.
+      raise ValueError(f"{', '.join(k for k, v in gemma.items() if v)} apply only to Gemma "
+                       f"(gemma2, gemma3_text), not {self.architecture}")
+    if self.hidden_act not in _ACTIVATIONS:
+      raise ValueError(f"unsupported hidden_act {self.hidden_act!r}; supported: {_ACTIVATIONS}")
+    for name in ("query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping",
+                 "rope_local_theta"):
+      if getattr(self, name) is not None and not getattr(self, name) > 0:
+        raise ValueError(f"{name} must be positive or None, got {getattr(self, name)}")
+    if self.layer_types is not None:
+      if len(self.layer_types) != self.num_layers or not set(self.layer_types) <= set(
+          _LAYER_TYPES):
+        raise ValueError(f"layer_types must name one of {_LAYER_TYPES} for each of the "
+                         f"{self.num_layers} layers, got {self.layer_types}")
+    if self.attn_logit_softcapping is not None and self.attention_impl == "pallas":
+      raise ValueError("attention_impl='pallas' does not implement attention logit "
+                       "soft-capping (attn_logit_softcapping, Gemma 2): use attention_impl='xla'")
 
   @property
   def jnp_dtype(self):
@@ -138,8 +192,23 @@ class ModelConfig:
 
   @property
   def windowed(self) -> bool:
-    """Whether a sliding window shorter than the context restricts attention."""
-    return self.sliding_window is not None and self.sliding_window < self.max_position_embeddings
+    """Whether a sliding window shorter than the context restricts attention (of some layer)."""
+    slides = self.layer_types is None or "sliding_attention" in self.layer_types
+    return (slides and self.sliding_window is not None
+            and self.sliding_window < self.max_position_embeddings)
+
+  @property
+  def attention_scale(self) -> float:
+    """The factor on q.k: 1 / sqrt(head_dim), or Gemma's 1 / sqrt(query_pre_attn_scalar)."""
+    scalar = self.head_dim if self.query_pre_attn_scalar is None else self.query_pre_attn_scalar
+    return scalar ** -0.5
+
+  def layer_rope(self, layer: int) -> tuple[float, RopeScaling]:
+    """(theta, scaling) of a layer's RoPE: Gemma 3's sliding layers use their own base."""
+    if (self.rope_local_theta is not None and self.layer_types is not None
+        and self.layer_types[layer] == "sliding_attention"):
+      return self.rope_local_theta, RopeScaling()
+    return self.rope_theta, self.rope_scaling
 
   @property
   def context_length(self) -> int:
@@ -158,6 +227,10 @@ class ModelConfig:
           "tokens (where the window masks nothing)")
 
   def replace(self, **changes) -> ModelConfig:
+    """A copy with `changes`. A copy of another depth (drafters shape their layers as the
+    target's) drops `layer_types`, which describe the checkpoint's layers, unless given."""
+    if changes.get("num_layers", self.num_layers) != self.num_layers:
+      changes.setdefault("layer_types", None)
     return dataclasses.replace(self, **changes)
 
   # -- Hugging Face config.json ------------------------------------------------------------------
@@ -169,9 +242,16 @@ class ModelConfig:
     num_heads = d["num_attention_heads"]
     hidden = d["hidden_size"]
     head_dim = d.get("head_dim") or hidden // num_heads
-    act = d.get("hidden_act", "silu")
-    if act != "silu":
-      raise ValueError(f"unsupported hidden_act {act!r}; the Llama/Qwen family uses 'silu'")
+    gemma = arch in _GEMMA
+    if gemma:  # transformers' Gemma reads `hidden_activation` (`hidden_act` is a Gemma 1 name)
+      act = d.get("hidden_activation") or "gelu_pytorch_tanh"
+      if act != "gelu_pytorch_tanh":
+        raise ValueError(f"unsupported hidden_activation {act!r} for {arch}; supported: "
+                         "'gelu_pytorch_tanh'")
+    else:
+      act = d.get("hidden_act", "silu")
+      if act != "silu":
+        raise ValueError(f"unsupported hidden_act {act!r}; the Llama/Qwen family uses 'silu'")
     window, window_layers = _sliding_window_from_hf(arch, d)
     theta, scaling = _rope_from_hf(d)
     partial = (d.get("rope_parameters") or {}).get(
@@ -181,9 +261,10 @@ class ModelConfig:
                        "supported: specjax rotates every head dimension")
     eos = d.get("eos_token_id")
     eos = () if eos is None else tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
-    # Mistral and Phi-3 have no biases (transformers ignores `attention_bias` / `mlp_bias` there).
+    # Mistral and Phi-3 have no biases (transformers ignores `attention_bias` / `mlp_bias` there);
+    # Gemma's `attention_bias` covers q/k/v/o, and its MLP has none.
     biased = arch in ("llama", "qwen2", "qwen3")
-    attention_bias = biased and bool(d.get("attention_bias", False))
+    attention_bias = (biased or gemma) and bool(d.get("attention_bias", False))
     kwargs = dict(
         architecture=arch,
         vocab_size=d["vocab_size"],
@@ -209,6 +290,8 @@ class ModelConfig:
         eos_token_id=eos,
         dtype=_dtype_name(d.get("dtype") or d.get("torch_dtype") or "float32"),
     )
+    if gemma:
+      kwargs.update(_gemma_from_hf(arch, d), o_bias=attention_bias, hidden_act=act)
     kwargs.update(overrides)
     return cls(**kwargs)
 
@@ -223,15 +306,7 @@ class ModelConfig:
 
   def to_hf_dict(self) -> dict[str, Any]:
     """The `config.json` that transformers reads for this model (4.x and 5.x spellings both)."""
-    rope_params: dict[str, Any] = {"rope_type": self.rope_scaling.rope_type,
-                                   "rope_theta": self.rope_theta}
-    if self.rope_scaling.rope_type != "default":
-      rope_params["factor"] = self.rope_scaling.factor
-    if self.rope_scaling.rope_type == "llama3":
-      rope_params.update(
-          low_freq_factor=self.rope_scaling.low_freq_factor,
-          high_freq_factor=self.rope_scaling.high_freq_factor,
-          original_max_position_embeddings=self.rope_scaling.original_max_position_embeddings)
+    rope_params = _rope_dict(self.rope_theta, self.rope_scaling)
     legacy_scaling = None
     if self.rope_scaling.rope_type != "default":
       legacy_scaling = {k: v for k, v in rope_params.items() if k != "rope_theta"}
@@ -263,7 +338,9 @@ class ModelConfig:
                        sliding_window=self.sliding_window)
     if self.max_window_layers is not None:
       qwen_window["max_window_layers"] = self.max_window_layers
-    if self.architecture == "llama":
+    if self.architecture in _GEMMA:
+      d.update(self._gemma_hf_dict())
+    elif self.architecture == "llama":
       d.update(attention_bias=self.qkv_bias, mlp_bias=self.mlp_bias)
     elif self.architecture == "qwen3":
       d.update(attention_bias=self.qkv_bias, **qwen_window)
@@ -273,6 +350,73 @@ class ModelConfig:
       # pad_token_id explicitly: Phi3Config's default (32000) would not fit a smaller vocabulary.
       d.update(sliding_window=self.sliding_window, pad_token_id=None)
     return d
+
+  def _gemma_hf_dict(self) -> dict[str, Any]:
+    d: dict[str, Any] = dict(
+        hidden_act=self.hidden_act, hidden_activation=self.hidden_act,
+        attention_bias=self.qkv_bias, query_pre_attn_scalar=self.query_pre_attn_scalar,
+        attn_logit_softcapping=self.attn_logit_softcapping,
+        final_logit_softcapping=self.final_logit_softcapping,
+        sliding_window=self.sliding_window, layer_types=list(self.layer_types or ()) or None,
+        pad_token_id=None)  # explicitly: Gemma's default (0) is not this checkpoint's to claim
+    if self.architecture == "gemma3_text":
+      # Per layer type, as transformers 5.x nests them; 4.x reads rope_theta / rope_scaling
+      # (already written, the full layers') and rope_local_base_freq.
+      local = self.rope_theta if self.rope_local_theta is None else self.rope_local_theta
+      d.update(rope_parameters={"full_attention": _rope_dict(self.rope_theta, self.rope_scaling),
+                                "sliding_attention": _rope_dict(local, RopeScaling())},
+               rope_local_base_freq=local)
+    return d
+
+
+def _rope_dict(theta: float, scaling: RopeScaling) -> dict[str, Any]:
+  """transformers 5.x `rope_parameters` of one RoPE."""
+  out: dict[str, Any] = {"rope_type": scaling.rope_type, "rope_theta": theta}
+  if scaling.rope_type != "default":
+    out["factor"] = scaling.factor
+  if scaling.rope_type == "llama3":
+    out.update(low_freq_factor=scaling.low_freq_factor, high_freq_factor=scaling.high_freq_factor,
+               original_max_position_embeddings=scaling.original_max_position_embeddings)
+  return out
+
+
+def _gemma_from_hf(arch: str, d: dict[str, Any]) -> dict[str, Any]:
+  """The Gemma fields of a config.json, with transformers' defaults for absent keys."""
+  if d.get("use_bidirectional_attention"):
+    raise ValueError(f"use_bidirectional_attention is not supported ({arch}): specjax decodes "
+                     "causally")
+  layers = d["num_hidden_layers"]
+  types = d.get("layer_types")
+  if types is None:  # transformers' default pattern: every `period`-th layer attends fully
+    period = 2 if arch == "gemma2" else d.get("sliding_window_pattern", 6)
+    types = ["sliding_attention" if (i + 1) % period else "full_attention"
+             for i in range(layers)]
+  out = dict(
+      norm_offset=True, embed_scale=True, sandwich_norms=True,
+      query_pre_attn_scalar=d.get("query_pre_attn_scalar", 256),
+      sliding_window=d.get("sliding_window", 4096), layer_types=tuple(types),
+      final_logit_softcapping=d.get("final_logit_softcapping",
+                                    30.0 if arch == "gemma2" else None))
+  if arch == "gemma2":
+    out["attn_logit_softcapping"] = d.get("attn_logit_softcapping", 50.0)
+    return out
+  if d.get("attn_logit_softcapping") is not None:
+    raise ValueError("attn_logit_softcapping is set in this gemma3_text config, but "
+                     "transformers' Gemma 3 does not apply it: refusing rather than guessing")
+  params = d.get("rope_parameters") or {}
+  if "full_attention" in params or "sliding_attention" in params:  # transformers 5.x, nested
+    full = params.get("full_attention") or {}
+    local = params.get("sliding_attention") or {}
+    theta, scaling = _rope_from_hf({"rope_parameters": full}, 1_000_000.0)
+    local_theta, local_scaling = _rope_from_hf({"rope_parameters": local}, 10_000.0)
+  else:
+    theta, scaling = _rope_from_hf(d, 1_000_000.0)
+    local_theta, local_scaling = float(d.get("rope_local_base_freq", 10_000.0)), RopeScaling()
+  if local_scaling != RopeScaling():
+    raise ValueError(f"RoPE scaling of the sliding layers ({local_scaling.rope_type}) is not "
+                     "supported for gemma3_text: only their base (rope_local_base_freq)")
+  return dict(out, qk_norm=True, rope_theta=theta, rope_scaling=scaling,
+              rope_local_theta=local_theta)
 
 
 def _architecture_of(d: dict[str, Any]) -> Architecture:
@@ -292,6 +436,8 @@ def _sliding_window_from_hf(arch: str, d: dict[str, Any]) -> tuple[int | None, i
   """(sliding_window, max_window_layers) as transformers reads them for `arch`."""
   if arch in ("mistral", "phi3"):  # every layer slides when `sliding_window` is set
     return d.get("sliding_window"), None
+  if arch in _GEMMA:  # per layer, with `layer_types`: `_gemma_from_hf`
+    return None, None
   if arch == "llama":  # LlamaConfig has no window; refuse rather than silently ignore one
     if d.get("use_sliding_window"):
       raise ValueError("sliding-window attention (use_sliding_window=true) is not supported "
@@ -312,10 +458,11 @@ def _sliding_window_from_hf(arch: str, d: dict[str, Any]) -> tuple[int | None, i
   return (None, None) if first >= layers else (int(window), int(first))
 
 
-def _rope_from_hf(d: dict[str, Any]) -> tuple[float, RopeScaling]:
+def _rope_from_hf(d: dict[str, Any], default_theta: float = 10000.0
+                  ) -> tuple[float, RopeScaling]:
   params = d.get("rope_parameters") or {}
   legacy = d.get("rope_scaling") or {}
-  theta = params.get("rope_theta", d.get("rope_theta", 10000.0))
+  theta = params.get("rope_theta", d.get("rope_theta", default_theta))
   spec = params if params.get("rope_type", "default") != "default" else legacy
   rope_type = spec.get("rope_type", spec.get("type", "default"))
   if rope_type == "default":

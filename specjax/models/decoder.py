@@ -23,7 +23,14 @@ from flax import nnx
 from specjax.models import attention
 from specjax.models.cache import KVCache
 from specjax.models.config import ModelConfig
-from specjax.models.layers import DecoderLayer, RMSNorm, rope_inv_freq, rope_tables
+from specjax.models.layers import (
+  DecoderLayer,
+  RMSNorm,
+  rope_inv_freq,
+  rope_tables,
+  scale_embeddings,
+  softcap,
+)
 
 
 class ForwardOutput(NamedTuple):
@@ -40,30 +47,41 @@ class Decoder(nnx.Module):
                                   param_dtype=cfg.jnp_dtype,
                                   embedding_init=nnx.initializers.normal(0.02), rngs=rngs)
     self.layers = nnx.List([DecoderLayer(cfg, rngs) for _ in range(cfg.num_layers)])
-    self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.jnp_dtype)
+    self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.jnp_dtype, cfg.norm_offset)
     if not cfg.tie_word_embeddings:
       self.lm_head = nnx.Linear(cfg.hidden_size, cfg.vocab_size, use_bias=False,
                                 dtype=cfg.compute_jnp_dtype, param_dtype=cfg.jnp_dtype,
                                 kernel_init=nnx.initializers.normal(0.02), rngs=rngs)
 
+  def unembed(self, normed: jax.Array) -> jax.Array:
+    """LM head on final-normed states, with Gemma's final soft-capping when set."""
+    if self.config.tie_word_embeddings:
+      logits = self.embed_tokens.attend(normed)
+    else:
+      logits = self.lm_head(normed)
+    return softcap(logits, self.config.final_logit_softcapping)
+
   def head(self, x: jax.Array) -> jax.Array:
     """Final norm + LM head: [..., E] residual stream -> [..., V] logits."""
-    x = self.norm(x)
-    if self.config.tie_word_embeddings:
-      return self.embed_tokens.attend(x)
-    return self.lm_head(x)
+    return self.unembed(self.norm(x))
 
   def __call__(self, tokens, positions, new_mask, cache=None, hidden_layers=(), logits_index=None,
                num_layers=None):
     cfg = self.config
     num_layers = cfg.num_layers if num_layers is None else num_layers
     attn_fn = attention.get_attention_impl(cfg.attention_impl)
-    cos, sin = rope_tables(positions, rope_inv_freq(cfg.head_dim, cfg.rope_theta,
-                                                    cfg.rope_scaling))
-    x = self.embed_tokens(tokens)
+    tables = {}  # (theta, scaling) -> (cos, sin): one pair, or Gemma 3's local and global
+
+    def rope(i):
+      key = cfg.layer_rope(i)
+      if key not in tables:
+        tables[key] = rope_tables(positions, rope_inv_freq(cfg.head_dim, *key))
+      return tables[key]
+
+    x = scale_embeddings(cfg, self.embed_tokens(tokens))
     hidden = {0: x}
     for i, layer in enumerate(self.layers[:num_layers]):
-      x, cache = layer(x, cos, sin, new_mask, cache, i, attn_fn)
+      x, cache = layer(x, *rope(i), new_mask, cache, i, attn_fn)
       hidden[i + 1] = x
     hidden[num_layers] = self.norm(x)  # HF convention: the last hidden state is normed
     if logits_index is not None:
@@ -125,10 +143,7 @@ def forward(cfg: ModelConfig, params: nnx.State, tokens: jax.Array, positions: j
 
 def lm_head(cfg: ModelConfig, params: nnx.State, normed: jax.Array) -> jax.Array:
   """Logits from final-normed hidden states (hidden index L): the unembedding alone."""
-  model = nnx.merge(graphdef(cfg), params)
-  if cfg.tie_word_embeddings:
-    return model.embed_tokens.attend(normed)
-  return model.lm_head(normed)
+  return nnx.merge(graphdef(cfg), params).unembed(normed)
 
 
 def causal_mask(lengths: jax.Array, t: int) -> jax.Array:

@@ -1,4 +1,4 @@
-"""Building blocks of the Llama / Mistral / Qwen2 / Qwen3 / Phi-3 decoder (Flax NNX).
+"""Building blocks of the Llama / Mistral / Qwen2 / Qwen3 / Phi-3 / Gemma decoder (Flax NNX).
 
 Attribute names mirror the Hugging Face modules (`self_attn.q_proj`, `mlp.gate_proj`, ...) so the
 checkpoint mapping in `specjax.interop` is mechanical. Numerics follow transformers: RMSNorm and
@@ -30,15 +30,34 @@ def _linear(cfg: ModelConfig, d_in: int, d_out: int, bias: bool, rngs: nnx.Rngs)
 
 
 class RMSNorm(nnx.Module):
+  """RMSNorm. `offset` (Gemma): the weight is stored as an offset from one (zeros init) and the
+  product is taken in float32 before the cast back, as Gemma does; otherwise (Llama) the
+  normalised input is cast first."""
 
-  def __init__(self, dim: int, eps: float, dtype):
-    self.weight = nnx.Param(jnp.ones((dim,), dtype))
+  def __init__(self, dim: int, eps: float, dtype, offset: bool = False):
+    self.weight = nnx.Param((jnp.zeros if offset else jnp.ones)((dim,), dtype))
     self.eps = eps
+    self.offset = offset
 
   def __call__(self, x: jax.Array) -> jax.Array:
     x32 = x.astype(jnp.float32)
     x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    if self.offset:
+      return (x32 * (1.0 + self.weight[...].astype(jnp.float32))).astype(x.dtype)
     return self.weight[...].astype(x.dtype) * x32.astype(x.dtype)
+
+
+def scale_embeddings(cfg: ModelConfig, x: jax.Array) -> jax.Array:
+  """Gemma's sqrt(E) on the embeddings (a no-op elsewhere), the factor rounded to x's dtype as
+  transformers rounds it to the activations'."""
+  if not cfg.embed_scale:
+    return x
+  return x * jnp.asarray(cfg.hidden_size ** 0.5, x.dtype)
+
+
+def softcap(x: jax.Array, cap: float | None) -> jax.Array:
+  """tanh soft-capping, tanh(x / cap) * cap (Gemma's order of operations); None: x."""
+  return x if cap is None else jnp.tanh(x / cap) * cap
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling) -> np.ndarray:
@@ -91,15 +110,17 @@ class Attention(nnx.Module):
     self.k_proj = _linear(cfg, d_in, k * d, cfg.qkv_bias, rngs)
     self.v_proj = _linear(cfg, d_in, k * d, cfg.qkv_bias, rngs)
     self.o_proj = _linear(cfg, h * d, e, cfg.o_bias, rngs)
-    if cfg.qk_norm:  # Qwen3: RMSNorm over each head's D features, before RoPE.
-      self.q_norm = RMSNorm(d, cfg.rms_norm_eps, cfg.jnp_dtype)
-      self.k_norm = RMSNorm(d, cfg.rms_norm_eps, cfg.jnp_dtype)
+    if cfg.qk_norm:  # Qwen3, Gemma 3: RMSNorm over each head's D features, before RoPE.
+      self.q_norm = RMSNorm(d, cfg.rms_norm_eps, cfg.jnp_dtype, cfg.norm_offset)
+      self.k_norm = RMSNorm(d, cfg.rms_norm_eps, cfg.jnp_dtype, cfg.norm_offset)
     self.qk_norm = cfg.qk_norm
     self.shape = (h, k, d)
+    self.scale = cfg.attention_scale
+    self.softcap = cfg.attn_logit_softcapping
 
   @property
   def sm_scale(self) -> float:
-    return self.shape[2] ** -0.5
+    return self.scale
 
   def project(self, x: jax.Array, cos: jax.Array, sin: jax.Array):
     """x: [B, T, in_features] -> q [B, T, H, D], k, v [B, T, K, D], RoPE'd by (cos, sin)."""
@@ -119,41 +140,60 @@ class Attention(nnx.Module):
 
   def __call__(self, x, cos, sin, new_mask, cache: KVCache | None, layer: int,
                attn_fn: AttentionFn) -> tuple[jax.Array, KVCache | None]:
+    # Soft-capping is passed only when set, so implementations without it keep working.
+    kwargs = {} if self.softcap is None else {"softcap": self.softcap}
     q, k, v = self.project(x, cos, sin)
     q = sharding.constrain(q, sharding.HEADS_AXES)
     k, v = (sharding.constrain(a, sharding.KV_AXES) for a in (k, v))
     if cache is None:  # no prefix: attend among the new tokens only (training, full forward)
-      out = attn_fn(q, k, v, None, new_mask, sm_scale=self.sm_scale)
+      out = attn_fn(q, k, v, None, new_mask, sm_scale=self.sm_scale, **kwargs)
     else:
       cache = cache.write(layer, k, v)
       out = attn_fn(q, cache.k[layer], cache.v[layer], cache.length, new_mask,
-                    sm_scale=self.sm_scale)
+                    sm_scale=self.sm_scale, **kwargs)
     return self.output(out), cache
 
 
 class MLP(nnx.Module):
-  """SwiGLU: down(silu(gate(x)) * up(x))."""
+  """SwiGLU, down(silu(gate(x)) * up(x)); with `hidden_act="gelu_pytorch_tanh"`, Gemma's GeGLU
+  (gelu's tanh approximation in place of silu)."""
 
   def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
     e, f = cfg.hidden_size, cfg.intermediate_size
     self.gate_proj = _linear(cfg, e, f, cfg.mlp_bias, rngs)
     self.up_proj = _linear(cfg, e, f, cfg.mlp_bias, rngs)
     self.down_proj = _linear(cfg, f, e, cfg.mlp_bias, rngs)
+    self.gelu = cfg.hidden_act == "gelu_pytorch_tanh"
 
   def __call__(self, x: jax.Array) -> jax.Array:
-    return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+    gate = self.gate_proj(x)
+    gate = jax.nn.gelu(gate, approximate=True) if self.gelu else jax.nn.silu(gate)
+    return self.down_proj(gate * self.up_proj(x))
 
 
 class DecoderLayer(nnx.Module):
+  """Pre-norm block. With `sandwich_norms` (Gemma) `post_attention_layernorm` norms the attention
+  output before its residual add (not the MLP input, as in Llama), and two more norms wrap the
+  MLP: `pre_feedforward_layernorm` on its input, `post_feedforward_layernorm` on its output."""
 
   def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
-    self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.jnp_dtype)
+    def norm():
+      return RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.jnp_dtype, cfg.norm_offset)
+
+    self.input_layernorm = norm()
     self.self_attn = Attention(cfg, rngs)
-    self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.jnp_dtype)
+    self.post_attention_layernorm = norm()
+    if cfg.sandwich_norms:
+      self.pre_feedforward_layernorm = norm()
+      self.post_feedforward_layernorm = norm()
+    self.sandwich = cfg.sandwich_norms
     self.mlp = MLP(cfg, rngs)
 
   def __call__(self, x, cos, sin, new_mask, cache, layer, attn_fn):
     attn_out, cache = self.self_attn(self.input_layernorm(x), cos, sin, new_mask, cache, layer,
                                      attn_fn)
+    if self.sandwich:
+      x = x + self.post_attention_layernorm(attn_out)
+      return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x))), cache
     x = x + attn_out
     return x + self.mlp(self.post_attention_layernorm(x)), cache

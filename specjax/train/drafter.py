@@ -398,7 +398,7 @@ def train_drafter(cfg: DrafterTrainConfig, *, stop_after: int | None = None,
   setup = _Setup(fam, net, target.config, layers)
   frozen = {
       "target": target.params, "d2t": jnp.asarray(d2t),
-      "emb": learned.target_embedding(target.config, target.params),
+      "emb": learned.input_embeddings(target.config, target.params),
       "head": learned.restricted_head(target.config, target.params, d2t)
       if fam.uses_target_head else None,
   }
@@ -481,7 +481,7 @@ def heldout_scores(path: str | os.PathLike, target: Target, **changes) -> dict[s
   setup = _Setup(registry.family(cfg.method), drafter.net, target.config,
                  drafter.hidden_layers)
   frozen = {"target": target.params, "d2t": drafter.d2t, "head": drafter.head,
-            "emb": learned.target_embedding(target.config, target.params)}
+            "emb": learned.input_embeddings(target.config, target.params)}
   rows = _heldout(cfg, _corpus_stream(cfg, target, "heldout"))
   return make_evaluator(setup, cfg, frozen, rows)(drafter.params)
 

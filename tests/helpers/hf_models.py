@@ -30,6 +30,19 @@ VARIANTS = {
                                        sliding_window=48)),
     # Fused qkv_proj / gate_up_proj in the checkpoint.
     "phi3_fused": ("phi3", dict(num_attention_heads=4, num_key_value_heads=2)),
+    # Gemma 2: both soft-caps low enough to bite (raw logits reach ~30, scores well past 5), an
+    # attention scale that is not head_dim's, alternating sliding/full layers (window as above).
+    "gemma2_softcap": ("gemma2", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                      query_pre_attn_scalar=24, attn_logit_softcapping=5.0,
+                                      final_logit_softcapping=8.0, sliding_window=48)),
+    # Gemma 3 text: q/k norms, mixed layers whose RoPE differ (local base 100; global base 1e4
+    # with linear scaling x8).
+    "gemma3_text_mixed": ("gemma3_text", dict(
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_hidden_layers=3,
+        query_pre_attn_scalar=24, sliding_window=48,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        rope_parameters={"full_attention": dict(rope_type="linear", factor=8.0, rope_theta=1e4),
+                         "sliding_attention": dict(rope_type="default", rope_theta=100.0)})),
 }
 _CLASSES = {
     "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
@@ -37,6 +50,8 @@ _CLASSES = {
     "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
     "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
     "phi3": (transformers.Phi3Config, transformers.Phi3ForCausalLM),
+    "gemma2": (transformers.Gemma2Config, transformers.Gemma2ForCausalLM),
+    "gemma3_text": (transformers.Gemma3TextConfig, transformers.Gemma3ForCausalLM),
 }
 
 
@@ -46,7 +61,8 @@ def build_hf_model(variant: str, seed: int = 0, **overrides):
   config = config_cls(**{**_BASE, **kwargs, **overrides})
   torch.manual_seed(seed)
   model = model_cls(config).eval()
-  # Random norms and biases too, so a mis-mapped tensor cannot hide behind ones and zeros.
+  # Random norms and biases too, so a mis-mapped tensor cannot hide behind ones and zeros (Gemma's
+  # norm weights are offsets from one: these scale by about 2).
   with torch.no_grad():
     for name, p in model.named_parameters():
       if name.endswith("norm.weight"):

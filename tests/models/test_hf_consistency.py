@@ -363,14 +363,22 @@ _EXPECTED = {
     "qwen3_qknorm": ("qwen3", 2, 2, 24, True, False, False, True, _DEFAULT_ROPE),
     "mistral_window": ("mistral", 2, 2, 16, False, False, False, False, _DEFAULT_ROPE),
     "phi3_fused": ("phi3", 2, 2, 16, False, False, False, False, _DEFAULT_ROPE),
+    "gemma2_softcap": ("gemma2", 2, 2, 16, True, False, False, False, _DEFAULT_ROPE),
+    # The full layers' RoPE; the sliding layers' base is `rope_local_theta` (checked below).
+    "gemma3_text_mixed": ("gemma3_text", 3, 2, 16, True, False, False, True,
+                          (1e4, RopeScaling("linear", 8.0))),
 }
-_WINDOWS = {"mistral_window": 48}  # sliding_window; None for the others
+_WINDOWS = {"mistral_window": 48, "gemma2_softcap": 48, "gemma3_text_mixed": 48}  # else None
 
 
 def _legacy_spelling(d):
-  """transformers 4.x: `rope_theta` + `rope_scaling` (None for default RoPE), no rope_parameters."""
+  """transformers 4.x: `rope_theta` + `rope_scaling` (None for default RoPE), no rope_parameters;
+  Gemma 3's per-layer-type parameters as the full layers' plus `rope_local_base_freq`."""
   d = dict(d)
   params = d.pop("rope_parameters")
+  if "full_attention" in params:
+    d["rope_local_base_freq"] = params["sliding_attention"]["rope_theta"]
+    params = params["full_attention"]
   d["rope_theta"] = params["rope_theta"]
   scaling = {k: v for k, v in params.items() if k != "rope_theta"}
   d["rope_scaling"] = None if scaling["rope_type"] == "default" else scaling

@@ -1,7 +1,9 @@
-"""Targets beyond Llama/Qwen: Mistral (sliding window), Phi-3 (fused projections), and the error
-for everything else. Logit-level agreement with transformers for `mistral_window` and
-`phi3_fused` is in test_hf_consistency.py (they are among its variants); here: greedy decoding,
-the sliding-window limit, the fused-tensor mapping and the config errors."""
+"""Targets beyond Llama/Qwen: Mistral (sliding window), Phi-3 (fused projections), Gemma 2 and
+Gemma 3 text (soft-capping, sandwich norms, per-layer-type windows and RoPE), and the error for
+everything else. Logit-level agreement with transformers for these variants is in
+test_hf_consistency.py (they are among its variants); here: greedy decoding, the sliding-window
+limit, the fused-tensor mapping, that each Gemma difference changes the logits, and the config
+errors."""
 
 from __future__ import annotations
 
@@ -13,10 +15,10 @@ import torch
 import transformers
 
 import specjax
-from specjax.drafters import build
+from specjax.drafters import build, learned
 from specjax.interop import hf as hf_interop
 from specjax.models import decoder
-from specjax.models.config import ModelConfig
+from specjax.models.config import ModelConfig, RopeScaling
 from tests.helpers import hf_models
 
 VOCAB = 211
@@ -31,11 +33,12 @@ def _hf_greedy(model, prompt, n):
   return out[0, len(prompt):].tolist()
 
 
-@pytest.mark.parametrize("variant", ["mistral_window", "phi3_fused"])
+@pytest.mark.parametrize("variant", ["mistral_window", "phi3_fused", "gemma2_softcap",
+                                     "gemma3_text_mixed"])
 def test_greedy_speculative_equals_autoregressive_equals_transformers(hf_checkpoint, variant):
   """Greedy tokens: transformers' generate == specjax autoregressive == specjax with prompt
-  lookup (prompts with repeats, so drafts are accepted). Mistral's run ends exactly at its
-  window (prompt + new tokens = 48): the longest that `generate` allows."""
+  lookup (prompts with repeats, so drafts are accepted). The windowed runs (Mistral, Gemma) end
+  exactly at the window (prompt + new tokens = 48): the longest that `generate` allows."""
   ckpt = hf_checkpoint(variant)
   rng = np.random.default_rng(0)
   motif = rng.integers(0, VOCAB, 6).tolist()
@@ -111,6 +114,147 @@ def test_sliding_window_configs():
     ModelConfig.from_hf_dict(d.to_dict()).replace(sliding_window=0)
 
 
+GEMMA = ["gemma2_softcap", "gemma3_text_mixed"]
+
+
+@pytest.mark.parametrize("variant", GEMMA)
+def test_gemma_window_is_per_layer_and_enforced(hf_checkpoint, variant):
+  """Gemma's window applies to its "sliding_attention" layers (`layer_types`, kept as read): past
+  it transformers differs from full attention, and specjax refuses, as for Mistral. Without a
+  sliding layer the window restricts nothing."""
+  ckpt = hf_checkpoint(variant)
+  cfg = ckpt.target.config
+  assert cfg.layer_types == tuple(ckpt.hf_model.config.layer_types)
+  assert (cfg.sliding_window, cfg.windowed, cfg.context_length) == (WINDOW, True, WINDOW)
+  tokens = np.random.default_rng(1).integers(0, VOCAB, (1, WINDOW + 8))
+  with torch.no_grad():
+    ref = ckpt.hf_model(torch.tensor(tokens)).logits[0].numpy()
+  ours = np.asarray(decoder.full_forward(cfg.replace(sliding_window=None), ckpt.target.params,
+                                         jnp.asarray(tokens, jnp.int32)).logits[0])
+  assert np.abs(ours[:WINDOW] - ref[:WINDOW]).max() <= 1e-4
+  assert np.abs(ours[WINDOW:] - ref[WINDOW:]).max() > 1e-2
+  with pytest.raises(ValueError, match=rf"is 49 tokens, more than the sliding_window of 48 "
+                                       rf"tokens of this {cfg.hf_architecture}"):
+    specjax.generate(ckpt.target, [[1] * 40], max_new_tokens=9)
+  with pytest.raises(ValueError, match=r"sequence length is 56 tokens.*sliding_window of 48"):
+    decoder.full_forward(cfg, ckpt.target.params, jnp.asarray(tokens, jnp.int32))
+  full = cfg.replace(layer_types=("full_attention",) * cfg.num_layers)
+  assert not full.windowed and full.context_length == 512
+
+
+def test_gemma_on_a_mesh_decodes_as_unsharded(hf_checkpoint, tmp_path):
+  """Gemma 2 split over a tp=2 mesh (heads, MLP and the vocabulary, so the final soft-cap runs
+  on vocabulary shards): the same greedy tokens as on one device."""
+  hf_models.save_hf_model("gemma2_softcap", tmp_path, vocab_size=212)
+  target = specjax.load_target(tmp_path)
+  prompts = [[5, 9, 2, 5, 9, 2, 7], [3, 1, 4, 1, 5]]
+  ref = specjax.generate(target, prompts, max_new_tokens=8).tokens
+  assert specjax.generate(target.on_mesh("dp=-1,tp=2"), prompts, max_new_tokens=8).tokens == ref
+
+
+def _logits(cfg, params, tokens):
+  return np.asarray(decoder.full_forward(cfg, params, tokens).logits)
+
+
+def test_gemma_differences_each_change_the_logits(hf_checkpoint):
+  """Each Gemma flag bites on these checkpoints (so the agreement with transformers tests it):
+  the final cap bounds logits that would exceed it, and dropping either cap, the attention
+  scale, Gemma 3's local RoPE base or its global RoPE scaling moves the logits. The target
+  pieces drafters read agree with the decoder: `learned.embed` is hidden state 0 (scaled) and
+  `decoder.lm_head` of the final state gives the capped logits."""
+  tokens = jnp.asarray(np.random.default_rng(2).integers(0, VOCAB, (2, 40)), jnp.int32)
+  g2 = hf_checkpoint("gemma2_softcap").target
+  cfg, params = g2.config, g2.params
+  out = decoder.full_forward(cfg, params, tokens, hidden_layers=(0, cfg.num_layers))
+  capped = np.asarray(out.logits)
+  raw = _logits(cfg.replace(final_logit_softcapping=None), params, tokens)
+  assert np.abs(capped).max() < 8.0 < np.abs(raw).max()
+  for change in (dict(final_logit_softcapping=None), dict(attn_logit_softcapping=None),
+                 dict(query_pre_attn_scalar=None)):
+    assert np.abs(_logits(cfg.replace(**change), params, tokens) - capped).max() > 0.1, change
+  np.testing.assert_array_equal(np.asarray(learned.embed(cfg, params, tokens)),
+                                np.asarray(out.hidden[0]))
+  assert not np.allclose(np.asarray(out.hidden[0]),
+                         np.asarray(learned.target_embedding(cfg, params))[np.asarray(tokens)])
+  np.testing.assert_allclose(np.asarray(decoder.lm_head(cfg, params, out.hidden[1])), capped,
+                             atol=1e-5, rtol=0)
+  g3 = hf_checkpoint("gemma3_text_mixed").target
+  cfg, params = g3.config, g3.params
+  base = _logits(cfg, params, tokens)
+  for change in (dict(rope_local_theta=None), dict(rope_scaling=RopeScaling()),
+                 dict(query_pre_attn_scalar=None)):
+    assert np.abs(_logits(cfg.replace(**change), params, tokens) - base).max() > 0.1, change
+
+
+def _gemma_dict(variant):
+  return hf_models.build_hf_model(variant).config.to_dict()
+
+
+def test_gemma_configs_round_trip_and_refuse_what_they_cannot_run():
+  """to_hf_dict writes what transformers reads back as the same config (layer types, both RoPEs,
+  caps, attention scale), and from_hf_dict reads it back equal; an old config without
+  `layer_types` gets transformers' default pattern. Refused: bidirectional attention, Gemma 3
+  attention soft-capping (transformers ignores it), RoPE scaling on Gemma 3's sliding layers,
+  the Pallas attention with soft-capping, Gemma flags on another family."""
+  for variant, config_cls in (("gemma2_softcap", transformers.Gemma2Config),
+                              ("gemma3_text_mixed", transformers.Gemma3TextConfig)):
+    d = _gemma_dict(variant)
+    cfg = ModelConfig.from_hf_dict(d)
+    back = cfg.to_hf_dict()
+    assert ModelConfig.from_hf_dict(back) == cfg
+    hf = config_cls(**{k: v for k, v in back.items() if k != "torch_dtype"})
+    for key in ("layer_types", "rope_parameters", "sliding_window", "query_pre_attn_scalar",
+                "attn_logit_softcapping", "final_logit_softcapping", "hidden_activation",
+                "tie_word_embeddings"):
+      assert getattr(hf, key) == d[key], key
+    for n in (4, 7):
+      old = {k: v for k, v in d.items() if k != "layer_types"}
+      old.update(num_hidden_layers=n, sliding_window_pattern=3)
+      want = config_cls(**{k: v for k, v in old.items() if k not in ("dtype",)}).layer_types
+      assert ModelConfig.from_hf_dict(old).layer_types == tuple(want)
+  g2, g3 = _gemma_dict("gemma2_softcap"), _gemma_dict("gemma3_text_mixed")
+  with pytest.raises(ValueError, match="use_bidirectional_attention is not supported"):
+    ModelConfig.from_hf_dict(dict(g3, use_bidirectional_attention=True))
+  with pytest.raises(ValueError, match="transformers' Gemma 3 does not apply it"):
+    ModelConfig.from_hf_dict(dict(g3, attn_logit_softcapping=50.0))
+  local_scaled = dict(g3, rope_parameters=dict(
+      g3["rope_parameters"], sliding_attention=dict(rope_type="linear", factor=2.0,
+                                                    rope_theta=100.0)))
+  with pytest.raises(ValueError, match="RoPE scaling of the sliding layers"):
+    ModelConfig.from_hf_dict(local_scaled)
+  with pytest.raises(ValueError, match="unsupported hidden_activation 'gelu'"):
+    ModelConfig.from_hf_dict(dict(g2, hidden_activation="gelu"))
+  with pytest.raises(ValueError, match=r"attention_impl='pallas' does not implement attention "
+                                       r"logit soft-capping"):
+    ModelConfig.from_hf_dict(g2, attention_impl="pallas")
+  assert ModelConfig.from_hf_dict(g3, attention_impl="pallas").attention_impl == "pallas"
+  with pytest.raises(ValueError, match="final_logit_softcapping apply only to Gemma"):
+    ModelConfig(final_logit_softcapping=30.0)
+  with pytest.raises(ValueError, match="layer_types must name one of"):
+    ModelConfig.from_hf_dict(g2).replace(layer_types=("full_attention",))
+  # A copy of another depth (drafter layers shaped as the target's) drops the layer types.
+  assert ModelConfig.from_hf_dict(g3).replace(num_layers=1).layer_types is None
+
+
+@pytest.mark.parametrize("variant, method", [("gemma2_softcap", "eagle"),
+                                             ("gemma3_text_mixed", "dflash")])
+def test_learned_drafters_on_gemma_are_lossless(hf_checkpoint, variant, method, tmp_path):
+  """A randomly initialised learned drafter on a Gemma target (its embeddings read through
+  `learned.embed`, scaled as the target's) drafts, and greedy output equals autoregressive. The
+  published layouts, which hold Llama/Qwen layers, refuse to write its Gemma-shaped layers."""
+  from specjax.interop import formats
+  from tests.helpers import tiny_targets
+  target = hf_checkpoint(variant).target
+  rng = np.random.default_rng(3)
+  motif = rng.integers(0, VOCAB, 5).tolist()
+  prompts = [motif * 3 + [int(t) for t in rng.integers(0, VOCAB, 3)], motif * 2]
+  ar = specjax.generate(target, prompts, max_new_tokens=16)
+  drafter = tiny_targets.learned_drafter(method, target)
+  assert specjax.generate(target, prompts, max_new_tokens=16, drafter=drafter).tokens == ar.tokens
+  with pytest.raises(ValueError, match=rf"the {method} layout holds Llama/Qwen layers"):
+    formats.write(tmp_path, drafter, target, method)
+
+
 def test_phi3_fused_tensors_split_at_load_and_fuse_at_save(hf_checkpoint, tmp_path):
   """Phi-3's qkv_proj rows are [q | k | v] and gate_up_proj's [gate | up]: the loaded q/k/v and
   gate/up kernels are those row ranges (transposed); to_hf_tensors with the config fuses them
@@ -169,13 +313,14 @@ def test_phi3_rope_variants_that_do_not_map_exactly_are_refused(changes, message
 
 @pytest.mark.parametrize("arch, model_type", [
     ("GPT2LMHeadModel", "gpt2"), ("FalconForCausalLM", "falcon"),
-    ("Gemma2ForCausalLM", "gemma2"), ("Gemma3ForCausalLM", "gemma3_text"),
+    ("GemmaForCausalLM", "gemma"), ("Gemma3ForConditionalGeneration", "gemma3"),
 ])
 def test_unsupported_architectures_are_named(arch, model_type):
-  """Any other architecture: ValueError naming it and listing the supported ones."""
+  """Any other architecture (Gemma 1 and the multimodal Gemma 3 too): ValueError naming it and
+  listing the supported ones."""
   d = dict(_PHI3, architectures=[arch], model_type=model_type)
-  supported = ("LlamaForCausalLM, MistralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, "
-               "Qwen3ForCausalLM")
+  supported = ("Gemma2ForCausalLM, Gemma3ForCausalLM, LlamaForCausalLM, MistralForCausalLM, "
+               "Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM")
   with pytest.raises(ValueError, match=rf"unsupported architecture {arch} .*'{model_type}'.*"
                                        rf"supported: {supported}$"):
     ModelConfig.from_hf_dict(d)

@@ -54,6 +54,16 @@ class Converted:
   source: dict[str, Any]
 
 
+def check_not_gemma_layers(m: ModelConfig, layout: str) -> None:
+  """The published layouts hold Llama/Qwen layers, and a drafter shaped on a Gemma target has
+  Gemma's (GeGLU, (1 + w) norms, its attention scale), which their config.json cannot say: a
+  written file would load back as other maths. Raises ValueError for such a drafter."""
+  if m.architecture in ("gemma2", "gemma3_text"):
+    raise ValueError(f"the {layout} layout holds Llama/Qwen layers; this drafter's layers are "
+                     f"shaped on a {m.architecture} target (GeGLU, Gemma's norms and attention "
+                     "scale), which it cannot express")
+
+
 def read_json(path: str, what: str = "JSON") -> dict[str, Any]:
   try:
     with open(path) as f:

@@ -189,6 +189,7 @@ class DFlashFormat(formats.Format):
     target_cfg = target.config
     net = drafter.net
     m = net.model
+    common.check_not_gemma_layers(drafter.net.model, "dflash")
     if net.correction_rank:
       raise ValueError("a DFlash drafter with a causal correction (correction_rank "
                        f"{net.correction_rank}) has no published layout")

@@ -134,6 +134,7 @@ class EagleFormat(formats.Format):
   def write(self, path, drafter, target, dtype=None):
     target_cfg = target.config
     net, m = drafter.net, drafter.net.model
+    common.check_not_gemma_layers(drafter.net.model, "eagle")
     where = f"cannot write this eagle drafter in EAGLE's layout ({path})"
     if tuple(int(i) for i in drafter.hidden_layers) != (target_cfg.num_layers,):
       raise ValueError(f"{where}: it reads hidden states {list(drafter.hidden_layers)}, the "

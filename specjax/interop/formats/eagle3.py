@@ -144,6 +144,7 @@ class Eagle3Format(formats.Format):
     target_cfg = target.config
     net = drafter.net
     layers = [int(h) for h in drafter.hidden_layers]
+    common.check_not_gemma_layers(drafter.net.model, "eagle3")
     model = net.model.replace(num_layers=1).to_hf_dict()
     model.update(
         architectures=["LlamaForCausalLMEagle3"],
