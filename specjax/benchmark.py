@@ -141,7 +141,8 @@ def run_methods(target: Target, runs: Sequence[tuple[str, dict[str, Any] | None]
   whichever ran during it; each run is warmed up (compiled) first. `repeats` times the whole
   pass again (tau, outputs and acceptance come from the first pass, the same seeds give the same
   tokens; `tokens_per_second_repeats` keeps each pass's speed); `batch_size` > 1 runs the prompts
-  in batches of that many rows (ragged acceptance across rows); `profile=False` skips the phase
+  in batches of that many rows (ragged acceptance across rows; tau and `target_calls` then pool
+  the calls each row took part in); `profile=False` skips the phase
   timings, which compile programs of their own.
   """
   # One padded length for every prompt (one program per method), a power of two as generate's
@@ -169,7 +170,7 @@ def run_methods(target: Target, runs: Sequence[tuple[str, dict[str, Any] | None]
         if rep:
           continue
         a["tokens"] += r.stats.new_tokens
-        a["calls"] += r.stats.target_calls
+        a["calls"] += sum(r.stats.row_calls)  # batch 1: target_calls; pooled over rows
         h = np.asarray(r.stats.accepted_by_depth)
         a["hist"] = h if a["hist"] is None else a["hist"] + h
         a["outputs"] += r.tokens

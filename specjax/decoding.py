@@ -86,6 +86,9 @@ class Stats:
   wall_seconds: float
   compile_seconds: float  # 0.0 when the program came from the cache
   compiled: bool  # True when this call had to compile
+  # Target forward passes each row took part in while it was still generating: a batch's rows
+  # accept raggedly, so a row that finished early took fewer (batch 1: (target_calls,)).
+  row_calls: tuple[int, ...] = ()
 
   @property
   def acceptance_by_depth(self) -> tuple[float, ...]:
@@ -469,6 +472,7 @@ def generate(target: Target, prompts: Sequence[str | Sequence[int]], *, max_new_
       wall_seconds=wall,
       compile_seconds=compile_seconds,
       compiled=compile_seconds > 0,
+      row_calls=tuple(int(c) for c in calls),
   )
   text = [target.decode(t) for t in tokens] if target.tokenizer is not None else None
   return GenerateResult(tokens, stats, text, state.drafter_state)

@@ -299,11 +299,12 @@ def depth_table(s: Session, out: str) -> Result:
     raise ValueError("no learned drafter in this run: name one with --set drafter.<family>=DIR "
                      "or --set depth_methods=...")
   records = [r for d in s.datasets for r in s.measure(d, [(m, None) for m in learned])]
-  depth = max(len(r["acceptance_by_depth"]) for r in records)
+  # Up to the deepest depth any round reached (a tree of N nodes is shallower than N).
+  depth = max([d + 1 for r in records for d, a in enumerate(r["acceptance_by_depth"])
+               if a is not None] or [1])
   rows = [[r["method"], r["dataset"], r["draft_nodes"], f"{r['tau']:.2f}"]
           + ["-" if a is None else f"{a:.2f}"
-             for a in r["acceptance_by_depth"] + [None] * (depth - len(r["acceptance_by_depth"]))]
-          for r in records]
+             for a in (r["acceptance_by_depth"] + [None] * depth)[:depth]] for r in records]
   lines = [f"### Acceptance rate by draft depth (T = 0, {s.cfg.num_prompts} prompts x "
            f"{s.cfg.max_new_tokens} new tokens, each drafter's default tree)", ""]
   lines += _table(["drafter", "dataset", "nodes", "tau"] + [f"d={d}" for d in range(1, depth + 1)],
@@ -545,9 +546,12 @@ def peers_table(s: Session, out: str) -> Result:
       r["speedup_over_own_greedy"] = r["tokens_per_second"] / group[0]["tokens_per_second"]
       r["matches_specjax_greedy"] = r["outputs"] == reference
   records = ours + theirs
-  names = {AR: "greedy", "draft_lm": "draft LM (assisted generation)",
-           "prompt_lookup": "prompt lookup"}
-  rows = [[r["implementation"], names[r["method"]], f"{r['tokens_per_second']:.1f}",
+  names = {AR: "greedy", "draft_lm": "draft LM", "prompt_lookup": "prompt lookup"}
+  hf_names = {AR: "greedy `generate`", "draft_lm": "assisted generation (`assistant_model=`)",
+              "prompt_lookup": "prompt lookup (`prompt_lookup_num_tokens=`)"}
+  rows = [[r["implementation"],
+           (names if r["implementation"] == "specjax" else hf_names)[r["method"]],
+           f"{r['tokens_per_second']:.1f}",
            f"{r['tau']:.2f}", f"{r['speedup_over_own_greedy']:.2f}x",
            "yes" if r["matches_specjax_greedy"] else "no"] for r in records]
   lines = [f"### specjax beside transformers on {dataset} (T = 0, {len(prompts)} prompts x "

@@ -130,6 +130,8 @@ def test_depth_table(job):
   for r in result.payload["records"]:
     assert all(a is None or 0 <= a <= 1 for a in r["acceptance_by_depth"])
     assert len(r["acceptance_by_depth"]) == r["draft_nodes"]
+  assert len(_header(result.markdown)) <= 4 + max(r["draft_nodes"] for r in
+                                                  result.payload["records"])
 
 
 def test_theory_table(job):
@@ -189,6 +191,9 @@ def test_batch_table(job):
   assert [r[0] for r in _rows(result.markdown)] == ["autoregressive", "prompt_lookup"]
   assert result.payload["differ"] == []
   assert {r["batch_size"] for r in result.payload["records"]} == {1, 2}
+  # tau pools the calls each row took part in: one token per call for AR at any batch size.
+  assert all(r["tau"] == pytest.approx(1.0) for r in result.payload["records"]
+             if r["method"] == "autoregressive")
 
 
 def test_docstring_prompts_are_documented_functions_cut_after_their_docstring():
