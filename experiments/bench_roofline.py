@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import argparse
 
-import jax.numpy as jnp
 import numpy as np
 
 import specjax
 from specjax import assets
-from specjax.decoding import generate, profile_phases
-from specjax.drafters.oracle import Oracle
+from specjax.benchmark import oracle_roofline
 
 
 def large_random_target() -> specjax.Target:
@@ -34,45 +32,20 @@ def large_random_target() -> specjax.Target:
 
 def roofline(target, name: str, chains, prompt_len: int, max_new: int, repeats: int):
   rs = np.random.RandomState(0)
-  prompt = [rs.randint(0, target.config.vocab_size, size=prompt_len).tolist()]
-  kw = dict(max_new_tokens=max_new, eos_token_id=[])
-  generate(target, prompt, **kw)
-  ar = generate(target, prompt, **kw)
-  reference = jnp.asarray([ar.tokens[0]], jnp.int32)
-  t_ar = profile_phases(target, prompt, max_new_tokens=max_new, repeats=repeats)["t_verify"]
-  # The prompt's prefill is part of every measured generation; time it alone so the bound can
-  # include it (it weighs most when a long chain leaves few rounds).
-  generate(target, prompt, max_new_tokens=1, eos_token_id=[])
-  t_pre = min(generate(target, prompt, max_new_tokens=1, eos_token_id=[]).stats.wall_seconds
-              for _ in range(repeats))
+  prompt = rs.randint(0, target.config.vocab_size, size=prompt_len).tolist()
+  result = oracle_roofline(target, prompt, chains, max_new, repeats)
   print(f"\n### {name}: {target.num_params / 1e6:.1f}M params, prompt {prompt_len}, "
         f"{max_new} new tokens, batch 1, T=0\n")
-  print(f"autoregressive: {ar.stats.tokens_per_second:.1f} tokens/s, step {t_ar * 1e3:.2f} ms, "
-        f"prefill {t_pre * 1e3:.2f} ms\n")
+  print(f"autoregressive: {result['tokens_per_second']:.1f} tokens/s, step "
+        f"{result['t_step_ms']:.2f} ms, prefill {result['t_prefill_ms']:.2f} ms\n")
   print("| N | tau | t_verify(N+1) / t_step | bound (N+1) | bound (tau) | bound (tau, prefill) | "
         "measured speedup | efficiency |")
   print("|---|---|---|---|---|---|---|---|")
-  rows = []
-  for n in chains:
-    oracle = Oracle(reference, jnp.asarray([prompt_len], jnp.int32), num_tokens=n)
-    generate(target, prompt, drafter=oracle, **kw)
-    r = generate(target, prompt, drafter=oracle, **kw)
-    assert r.tokens == ar.tokens, "oracle drafting changed the output"
-    t_v = profile_phases(target, prompt, drafter=oracle, max_new_tokens=max_new,
-                         repeats=repeats)["t_verify"]
-    bound = t_ar * (n + 1) / t_v
-    # The last round is cut at max_new_tokens, so the realised tau is below N + 1: the bound at
-    # the measured tau is the one the loop itself is judged against.
-    bound_tau = t_ar * r.stats.tau / t_v
-    # End to end, both runs pay the prefill once: AR then max_new - 1 steps, the method its
-    # rounds (target calls after the prefill). Efficiency is measured against this bound.
-    bound_e2e = (t_pre + (max_new - 1) * t_ar) / (t_pre + (r.stats.target_calls - 1) * t_v)
-    speedup = r.stats.tokens_per_second / ar.stats.tokens_per_second
-    rows.append(dict(n=n, tau=r.stats.tau, cost=t_v / t_ar, bound=bound, bound_tau=bound_tau,
-                     bound_e2e=bound_e2e, speedup=speedup))
-    print(f"| {n} | {r.stats.tau:.2f} | {t_v / t_ar:.2f} | {bound:.2f}x | {bound_tau:.2f}x | "
-          f"{bound_e2e:.2f}x | {speedup:.2f}x | {speedup / bound_e2e:.0%} |", flush=True)
-  return rows
+  for r in result["rows"]:
+    print(f"| {r['n']} | {r['tau']:.2f} | {r['cost']:.2f} | {r['bound']:.2f}x | "
+          f"{r['bound_tau']:.2f}x | {r['bound_e2e']:.2f}x | {r['speedup']:.2f}x | "
+          f"{r['speedup'] / r['bound_e2e']:.0%} |", flush=True)
+  return result["rows"]
 
 
 def main(argv=None):

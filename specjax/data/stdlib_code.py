@@ -16,7 +16,6 @@ import sysconfig
 from collections.abc import Iterator
 
 import tensorflow_datasets as tfds
-from etils import epath
 
 from specjax.data import storage
 
@@ -103,7 +102,7 @@ def folder_config(source_dir: str | os.PathLike) -> StdlibCodeConfig:
       source_dir=source_dir)
 
 
-class StdlibCode(tfds.core.GeneratorBasedBuilder):
+class StdlibCode(storage.LocalBuilder, tfds.core.GeneratorBasedBuilder):
   """Every UTF-8 `.py` file of the running interpreter's standard library.
 
   Features: `path` (posix path relative to the stdlib folder) and `text` (exact file contents).
@@ -119,26 +118,11 @@ class StdlibCode(tfds.core.GeneratorBasedBuilder):
   RELEASE_NOTES = {'1.0.0': 'Stdlib .py files, train/heldout split by sha256 of the path.'}
   BUILDER_CONFIGS = [stdlib_config()]
 
-  @tfds.core.utils.classproperty
-  @classmethod
-  def code_path(cls) -> epath.Path:
-    """This file; TFDS's own lookup needs `importlib_resources` when `specjax` is a namespace."""
-    return epath.Path(__file__)
-
   def _info(self) -> tfds.core.DatasetInfo:
-    return tfds.core.DatasetInfo(
-        builder=self,
-        description=self.__doc__,
-        features=tfds.features.FeaturesDict({
-            'path': tfds.features.Text(),
-            'text': tfds.features.Text(),
-        }),
-        metadata=tfds.core.MetadataDict(
-            python_version=platform.python_version(),
-            source_dir=self.builder_config.source_dir,
-            heldout_percent=HELDOUT_PERCENT,
-            skipped_non_utf8=[]),
-        disable_shuffling=True)
+    return storage.text_info(
+        self, ('path', 'text'), python_version=platform.python_version(),
+        source_dir=self.builder_config.source_dir, heldout_percent=HELDOUT_PERCENT,
+        skipped_non_utf8=[])
 
   def _split_generators(self, dl_manager):
     """Reads every file up front (the stdlib is ~35 MB) so the skip list is final before writing."""

@@ -17,6 +17,7 @@ import tempfile
 from typing import Any
 
 import tensorflow_datasets as tfds
+from etils import epath
 from tensorflow_datasets.core.utils import tqdm_utils
 
 DATA_DIR_ENV = 'SPECJAX_DATA_DIR'
@@ -57,6 +58,26 @@ def ensure_writable(data_dir: str) -> None:
     raise ValueError(
         f'specjax data dir {data_dir!r} is not writable ({e.strerror or e}); '
         f'set {DATA_DIR_ENV} or pass data_dir= to a writable directory') from e
+
+
+class LocalBuilder:
+  """Mixin of the builders here (before `tfds.core.GeneratorBasedBuilder`): a builder's
+  `code_path` is its module's file; TFDS's own lookup needs `importlib_resources` when `specjax`
+  is a namespace."""
+
+  @tfds.core.utils.classproperty
+  @classmethod
+  def code_path(cls) -> epath.Path:
+    return epath.Path(sys.modules[cls.__module__].__file__)
+
+
+def text_info(builder: tfds.core.DatasetBuilder, fields: tuple[str, ...], *,
+              homepage: str | None = None, **metadata: Any) -> tfds.core.DatasetInfo:
+  """The info of a builder whose examples are the text `fields`, kept in the order written."""
+  return tfds.core.DatasetInfo(
+      builder=builder, description=builder.__doc__,
+      features=tfds.features.FeaturesDict({f: tfds.features.Text() for f in fields}),
+      metadata=tfds.core.MetadataDict(**metadata), homepage=homepage, disable_shuffling=True)
 
 
 @contextlib.contextmanager

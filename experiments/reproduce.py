@@ -1,0 +1,34 @@
+"""Reproduce a results table: `methods`, `depth`, `theory`, `budget`, `peers`, `batch` or `all`.
+
+  python -m experiments.reproduce methods
+  python -m experiments.reproduce all                               # every table, one job
+  python -m experiments.reproduce depth --set num_prompts=8 --set max_new_tokens=128
+  python -m experiments.reproduce methods --set target=DIR --set drafter.eagle3=DIR
+  python -m experiments.reproduce budget --config my_reproduce.py --out out/mine
+
+Writes OUT/<table>.md, OUT/<table>.json and OUT/<table>.png (OUT: the config's `out`,
+out/reproduce by default), prints each table and how long it took. What each table shows:
+`specjax.reproduce` and the README's "Reproducing tables".
+"""
+
+from __future__ import annotations
+
+from specjax import cli, distributed
+from specjax.reproduce import TABLES, run
+
+
+def main(argv=None):
+  parser = cli.config_parser(__doc__.splitlines()[0], default_config="configs/reproduce.py")
+  parser.add_argument("table", choices=[*TABLES, "all"])
+  parser.add_argument("--out", default=None, help="output folder (default: the config's)")
+  args = parser.parse_args(argv)
+  cfg = cli.load_from_args(args, [f"out={args.out}"] if args.out else [])
+  names = list(TABLES) if args.table == "all" else [args.table]
+  try:
+    return run(names, cfg, echo=print if distributed.is_main_process() else lambda _: None)
+  except ValueError as e:
+    cli.fail(str(e))
+
+
+if __name__ == "__main__":
+  main()

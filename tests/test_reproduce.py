@@ -1,0 +1,210 @@
+"""`python -m experiments.reproduce`: every table on a tiny checkpoint with tiny sizes, in one
+job (the path `all` takes): the files, the columns, greedy outputs equal to autoregressive
+decoding, and T = 1 rows only for methods the exact-law battery of tests/test_speculative.py
+covers, one of them checked against the target's law with the options its row ran with."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+
+import pytest
+
+from specjax import drafters
+from specjax.config_utils import load_config
+from specjax.reproduce import TABLES, expected_tokens, per_token_acceptance, run
+from tests.helpers import tiny_targets as tt
+
+METHODS = ("autoregressive", "prompt_lookup", "eagle")
+
+
+def _folders(root):
+  """A tiny HF target with a tokenizer, a one-layer draft LM sharing it, and an EAGLE folder
+  (random weights) for the target."""
+  import specjax
+  from specjax.drafters import io
+  from tests.helpers.hf_models import save_hf_model
+  from tests.test_benchmark import _user_checkpoint
+  target_dir = _user_checkpoint(root / "target")
+  draft_dir = root / "draft_lm"
+  save_hf_model("llama_gqa_tied", draft_dir, seed=1, vocab_size=320, num_hidden_layers=1)
+  for name in ("tokenizer.json", "tokenizer_config.json"):
+    shutil.copy(target_dir / name, draft_dir / name)
+  target = specjax.load_target(str(target_dir), dtype="float32")
+  io.export_drafter(root / "eagle", tt.learned_drafter("eagle", target), target, "eagle")
+  return target_dir, draft_dir
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+  root = tmp_path_factory.mktemp("reproduce")
+  target_dir, draft_dir = _folders(root)
+  cfg = load_config("configs/reproduce.py", [
+      f"target={target_dir}", f"drafter.draft_lm={draft_dir}", f"drafter.eagle={root / 'eagle'}",
+      f"methods={','.join(METHODS)}",
+      "datasets=humaneval,stdlib_docstrings", "num_prompts=2", "max_prompt_tokens=24",
+      "max_new_tokens=6", "profile_repeats=1", "timing_repeats=2",
+      "theory_methods=prompt_lookup", "theory_lengths=3", "budget_methods=eagle",
+      "budget_nodes=2", "batch_methods=prompt_lookup", "batch_sizes=1,2", "batch_prompts=2",
+      f"out={root / 'out'}"])
+  names = [n for n in TABLES if n != "peers" or _has_transformers()]
+  lines = []
+  return cfg, run(names, cfg, echo=lines.append), "\n".join(lines)
+
+
+def _has_transformers() -> bool:
+  try:
+    import torch  # noqa: F401
+    import transformers  # noqa: F401
+  except ImportError:
+    return False
+  return True
+
+
+def _header(markdown: str) -> list[str]:
+  line = next(line for line in markdown.splitlines() if line.startswith("| "))
+  return [c.strip() for c in line.strip("|").split("|")]
+
+
+def _rows(markdown: str) -> list[list[str]]:
+  lines = [line for line in markdown.splitlines() if line.startswith("| ")][1:]
+  return [[c.strip() for c in line.strip("|").split("|")] for line in lines]
+
+
+def test_every_table_writes_its_files_and_prints_its_time(job):
+  cfg, done, printed = job
+  out = cfg.out
+  for name, d in done.items():
+    for ext in ("md", "json", "png"):
+      assert f"{out}/{name}.{ext}" in d["files"], (name, ext)
+    saved = json.loads(open(f"{out}/{name}.json").read())
+    assert saved["table"] == name and saved["config"]["target"] == cfg.target
+    assert saved["provenance"]["versions"]["jax"] and saved["seconds"] > 0
+    assert open(f"{out}/{name}.md").read().startswith("Measured with specjax ")
+    assert f"{name}: " in printed and d["result"].markdown in printed
+  assert "time per table: " in printed
+
+
+def test_methods_table(job):
+  cfg, done, _ = job
+  result = done["methods"]["result"]
+  datasets = ["humaneval", "stdlib_docstrings"]
+  assert _header(result.markdown) == ["T", "method"] + [
+      f"{d} {w}" for d in datasets for w in ("tau", "speedup")] + ["mean tau", "mean speedup"]
+  rows = _rows(result.markdown)
+  assert [(r[0], r[1]) for r in rows] == [(t, m) for t in ("0", "1") for m in METHODS]
+  assert all("±" in r[3] for r in rows)  # mean and spread over the timed passes
+  records = result.payload["records"]
+  assert len(records) == 2 * len(datasets) * len(METHODS)
+  for r in records:
+    assert len(r["speedup_repeats"]) == cfg.timing_repeats
+    assert r["new_tokens"] == cfg.num_prompts * cfg.max_new_tokens and r["tau"] >= 1.0
+    if r["temperature"] == 0:
+      assert r["matches_autoregressive"], r["method"]
+  assert result.payload["differ"] == []
+
+
+def test_temperature_one_rows_follow_the_targets_law(job):
+  """Every T = 1 row is a method whose sampling the exact-law battery checks, and prompt
+  lookup, with the chain its row ran with, passes that battery on the tiny sampling target."""
+  from specjax.sampling import SamplingConfig
+  from tests import test_speculative as battery
+  _, done, _ = job
+  rows = [r for r in done["methods"]["result"].payload["records"] if r["temperature"] == 1]
+  covered = {f for f in drafters.names() if any(n == f or n.startswith(f + "_")
+                                                for n in battery._SAMPLING_DRAFTERS)}
+  assert {r["method"] for r in rows} - {"autoregressive"} <= covered
+  nodes = next(r["draft_nodes"] for r in rows if r["method"] == "prompt_lookup")
+  target = tt.sampling_target()
+  drafter = drafters.build("prompt_lookup", target, num_tokens=nodes)
+  battery._check_exact_law(target, drafter, "prompt_lookup", SamplingConfig(1.0), seed=20)
+
+
+def test_depth_table(job):
+  _, done, _ = job
+  result = done["depth"]["result"]
+  assert _header(result.markdown)[:4] == ["drafter", "dataset", "nodes", "tau"]
+  rows = _rows(result.markdown)
+  assert {r[0] for r in rows} == {"eagle"}  # the learned drafters only
+  for r in result.payload["records"]:
+    assert all(a is None or 0 <= a <= 1 for a in r["acceptance_by_depth"])
+    assert len(r["acceptance_by_depth"]) == r["draft_nodes"]
+  assert len(_header(result.markdown)) <= 4 + max(r["draft_nodes"] for r in
+                                                  result.payload["records"])
+
+
+def test_theory_table(job):
+  _, done, _ = job
+  result = done["theory"]["result"]
+  assert _header(result.markdown)[:3] == ["method", "g", "a"]
+  records = result.payload["records"]
+  assert [(r["method"], r["g"]) for r in records] == [("prompt_lookup", 3)]
+  for r, row in zip(records, _rows(result.markdown)):
+    assert r["draft_nodes"] == r["g"] and 0 <= r["a"] <= 1
+    assert r["predicted_tokens_per_call"] == pytest.approx(expected_tokens(r["a"], r["g"]))
+    assert 1 <= r["tokens_per_round"] <= r["g"] + 1
+    # A noisy timing is marked, never dropped: the expected speedups rest on it.
+    assert row[9].endswith("?") == bool(r["unreliable_figures"])
+
+
+def test_leviathan_formula_and_acceptance_fit():
+  assert expected_tokens(0.0, 5) == 1.0 and expected_tokens(1.0, 5) == 6.0
+  assert expected_tokens(0.5, 2) == pytest.approx(1 + 0.5 + 0.25)
+  # 10 rounds of a chain of 2: 4 accept none, 2 accept one, 4 accept both: 10 of 16 tests pass.
+  assert per_token_acceptance([4, 2, 4], 2) == pytest.approx(10 / 16)
+
+
+def test_budget_table(job):
+  _, done, _ = job
+  result = done["budget"]["result"]
+  assert _header(result.markdown) == ["nodes", "eagle tau", "eagle speedup", "oracle tau",
+                                      "oracle verify / AR step", "oracle speedup", "oracle bound"]
+  assert [r[0] for r in _rows(result.markdown)] == ["2"]
+  (record,) = result.payload["records"]
+  assert record["method"] == "eagle" and record["draft_nodes"] == 2
+  assert record["matches_autoregressive"]
+  (oracle,) = result.payload["oracle"]["rows"]
+  # Every node accepted: the prefill's token, then rounds of 3 tokens up to the budget.
+  new = job[0].max_new_tokens
+  assert oracle["n"] == 2 and oracle["tau"] == pytest.approx(new / (1 + math.ceil((new - 1) / 3)))
+
+
+def test_peers_table(job):
+  _, done, _ = job
+  if "peers" not in done:
+    pytest.skip("transformers is not installed")
+  result = done["peers"]["result"]
+  rows = _rows(result.markdown)
+  assert [r[0].split()[0] for r in rows] == ["specjax"] * 3 + ["transformers"] * 3
+  assert all(r[-1] == "yes" for r in rows)  # every greedy output equals specjax's
+  records = result.payload["records"]
+  assert records[3]["tau"] == pytest.approx(1.0, abs=0.2)  # greedy: one token per call
+  assert "threads" in result.markdown
+
+
+def test_batch_table(job):
+  _, done, _ = job
+  result = done["batch"]["result"]
+  assert _header(result.markdown) == ["method"] + [
+      f"batch {b} {w}" for b in (1, 2) for w in ("tokens/s", "tau", "speedup")]
+  assert [r[0] for r in _rows(result.markdown)] == ["autoregressive", "prompt_lookup"]
+  assert result.payload["differ"] == []
+  assert {r["batch_size"] for r in result.payload["records"]} == {1, 2}
+  # tau pools the calls each row took part in: one token per call for AR at any batch size.
+  assert all(r["tau"] == pytest.approx(1.0) for r in result.payload["records"]
+             if r["method"] == "autoregressive")
+
+
+def test_docstring_prompts_are_documented_functions_cut_after_their_docstring():
+  from specjax import data
+  from specjax.data.docstrings import documented_functions
+  source = ('class A:\n    def f(self, x):\n        """Return x twice, as the tests of this '
+            'module expect it."""\n        return 2 * x\n\ndef g():\n    """short"""\n'
+            '    return 1\n')
+  (fn,) = documented_functions("m.py", source)
+  assert fn["name"] == "f" and fn["prompt"].startswith("def f(self, x):\n    \"\"\"Return")
+  assert fn["prompt"].endswith('expect it."""\n') and fn["body"] == "return 2 * x\n"
+  prompts = data.load_stdlib_docstrings()
+  assert len(prompts) >= 16 and all(p["prompt"].lstrip().startswith(("def ", "async def "))
+                                    for p in prompts)
