@@ -78,6 +78,7 @@ class StdlibDocstrings(storage.LocalBuilder, tfds.core.GeneratorBasedBuilder):
 
 def load_stdlib_docstrings(data_dir=None) -> storage.TextRecords:
   """The prompts as `{path, name, prompt, body}` str dicts, built on first use."""
-  builder = StdlibDocstrings(source_data_dir=data_dir, data_dir=storage.resolve_data_dir(data_dir),
-                             file_format=storage.FILE_FORMAT)
-  return storage.records(storage.prepare(builder), 'test')
+  builder = storage.prepare(lambda: StdlibDocstrings(
+      source_data_dir=data_dir, data_dir=storage.resolve_data_dir(data_dir),
+      file_format=storage.FILE_FORMAT))
+  return storage.records(builder, 'test')
