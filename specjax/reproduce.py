@@ -470,8 +470,12 @@ def peers_units(s: Session) -> int:
 def _hf_runs(s: Session, prompts: Sequence[list[int]], threads: int) -> list[dict[str, Any]]:
   """transformers' greedy generate, assisted generation with the draft LM and prompt lookup on
   the same checkpoint and prompts, interleaved prompt by prompt after one warm-up each."""
-  import torch
-  import transformers
+  try:
+    import torch
+    import transformers
+  except ImportError as e:
+    raise ValueError(f"the peers table runs transformers beside specjax and needs torch and "
+                     f"transformers ({e}); install them with pip install -e \".[test]\"") from None
   before = torch.get_num_threads()
   torch.set_num_threads(threads)
   try:
