@@ -246,6 +246,15 @@ def _generate_program(spec: _Spec, params, drafter, prompts, prompt_lens, live, 
 
 
 _COMPILED: dict[tuple, jax.stages.Compiled] = {}
+
+
+def release_compiled() -> None:
+  """Drops every compiled program (`generate`'s and jax's caches). A long job that compiles
+  hundreds of programs (a test session, `experiments.reproduce all`) releases them between its
+  parts: each executable holds mapped code sections, and a process runs out of mappings (LLVM's
+  "Unable to allocate section memory") long before it runs out of memory."""
+  _COMPILED.clear()
+  jax.clear_caches()
 _CACHE_ARG = 8  # the cache's position in _generate_program's arguments (donated)
 
 

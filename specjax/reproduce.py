@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from specjax import assets, config_utils, distributed, drafters, provenance
+from specjax import assets, config_utils, decoding, distributed, drafters, provenance
 from specjax.benchmark import (
   AR,
   BenchmarkConfig,
@@ -665,6 +665,7 @@ def run(names: Sequence[str], cfg: ReproduceConfig, *, echo: Callable[[str], Non
       start = time.perf_counter()
       result = TABLES[name][0](session, cfg.out)
       seconds = time.perf_counter() - start
+      decoding.release_compiled()  # later tables keep the runs, not the programs
       bar.update(max(int(end) - bar.n, 0))  # runs kept from an earlier table took no time
       # A multi-process run measures on every process and writes from process 0.
       files = write(name, result, cfg, block, seconds) if distributed.is_main_process() else []

@@ -53,11 +53,8 @@ def _release_compiled_programs():
   generate programs (one per drafter, batch and shape); kept for the whole session their
   executables add up on the 24 GiB CI machine, and a module never needs another's."""
   yield
-  import jax
-
   from specjax import decoding
-  decoding._COMPILED.clear()
-  jax.clear_caches()
+  decoding.release_compiled()
 
 
 @pytest.fixture(scope="session")
