@@ -486,8 +486,8 @@ def _hf_runs(s: Session, prompts: Sequence[list[int]], threads: int) -> list[dic
 
 def _hf_measure(s: Session, prompts, torch, transformers) -> list[dict[str, Any]]:
   cfg = s.cfg
-  draft_lm_options = {**_defaults("draft_lm"), **cfg.options_for("draft_lm")}
-  lookup_options = {**_defaults("prompt_lookup"), **cfg.options_for("prompt_lookup")}
+  draft_lm_options = {**registry.defaults("draft_lm"), **cfg.options_for("draft_lm")}
+  lookup_options = {**registry.defaults("prompt_lookup"), **cfg.options_for("prompt_lookup")}
   load = transformers.AutoModelForCausalLM.from_pretrained
   model = load(cfg.target or assets.TARGET_DIR, dtype=torch.float32).eval()
   draft = load(cfg.drafter.get("draft_lm", assets.DRAFT_LM_DIR), dtype=torch.float32).eval()
@@ -527,14 +527,6 @@ def _hf_measure(s: Session, prompts, torch, transformers) -> list[dict[str, Any]
                     "target_calls": a["calls"], "new_tokens": new, "outputs": a["outputs"],
                     "torch_threads": torch.get_num_threads()})
   return records
-
-
-def _defaults(method: str) -> dict[str, Any]:
-  """A registered builder's keyword defaults (what `drafters.build` uses when not told)."""
-  import inspect
-  builder = registry._entry(method).build
-  return {k: p.default for k, p in inspect.signature(builder).parameters.items()
-          if p.default is not inspect.Parameter.empty}
 
 
 def peers_table(s: Session, out: str) -> Result:

@@ -12,6 +12,7 @@ family files to register them).
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -74,6 +75,12 @@ def family(name: str):
 
 def describe(name: str) -> str:
   return _entry(name).description
+
+
+def defaults(name: str) -> dict[str, Any]:
+  """The keyword defaults of `name`'s builder: the options `build` uses when not told."""
+  params = inspect.signature(_entry(name).build).parameters.items()
+  return {k: p.default for k, p in params if p.default is not inspect.Parameter.empty}
 
 
 def build(name: str, target: Target, **options) -> Drafter:
