@@ -17,6 +17,8 @@ import time
 
 import numpy as np
 
+from specjax import compile_cache
+
 
 def _default_checkpoint(tmp: str) -> str:
   from specjax import assets
@@ -34,12 +36,14 @@ def _default_checkpoint(tmp: str) -> str:
 
 def main(argv=None) -> dict:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  compile_cache.add_arguments(parser)
   parser.add_argument("--checkpoint", default=None, help="HF-format folder (default: embedded)")
   parser.add_argument("--prompts", type=int, default=8)
   parser.add_argument("--prompt-len", type=int, default=64)
   parser.add_argument("--max-new-tokens", type=int, default=128)
   parser.add_argument("--seed", type=int, default=0)
   args = parser.parse_args(argv)
+  compile_cache.from_args(args)
 
   import torch
   import transformers

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 
+from specjax import compile_cache
+
 
 def _ints(text: str) -> list[int]:
   return [int(x) for x in text.split(",") if x]
@@ -21,6 +23,7 @@ def _ints(text: str) -> list[int]:
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  compile_cache.add_arguments(parser)
   parser.add_argument("--sizes", type=_ints, default=[1024, 4096, 16384, 32768], help="S values")
   parser.add_argument("--nodes", type=_ints, default=[1, 16, 64], help="N values (tree sizes)")
   parser.add_argument("--batch", type=int, default=1)
@@ -32,6 +35,7 @@ def main(argv=None):
   parser.add_argument("--cpu-max-size", type=int, default=4096,
                       help="on CPU, skip sizes above this (interpret mode is slow)")
   args = parser.parse_args(argv)
+  compile_cache.from_args(args)
 
   import jax
 

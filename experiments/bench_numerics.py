@@ -25,7 +25,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 import specjax
-from specjax import assets, drafters
+from specjax import assets, compile_cache, drafters
 
 
 def numpy_prompts(target, count: int, seed: int = 0) -> list[list[int]]:
@@ -61,6 +61,7 @@ def run(target, prompts, method, batch, max_new_tokens, bar):
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  compile_cache.add_arguments(parser)
   parser.add_argument("--prompts", type=int, default=200)
   parser.add_argument("--max-new-tokens", type=int, default=64)
   parser.add_argument("--dtypes", default="bfloat16,bfloat16/bfloat16,float32",
@@ -69,6 +70,7 @@ def main(argv=None):
   parser.add_argument("--batches", default="1,4")
   parser.add_argument("--out", default=None, help="write the figures as JSON here")
   args = parser.parse_args(argv)
+  compile_cache.from_args(args)
   results = {}
   for setting in args.dtypes.split(","):
     dtype, _, compute = setting.partition("/")

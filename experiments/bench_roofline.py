@@ -17,7 +17,7 @@ import argparse
 import numpy as np
 
 import specjax
-from specjax import assets
+from specjax import assets, compile_cache
 from specjax.benchmark import oracle_roofline
 
 
@@ -50,12 +50,14 @@ def roofline(target, name: str, chains, prompt_len: int, max_new: int, repeats: 
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  compile_cache.add_arguments(parser)
   parser.add_argument("--chains", default="1,2,4,8,16")
   parser.add_argument("--prompt-len", type=int, default=128)
   parser.add_argument("--max-new-tokens", type=int, default=128)
   parser.add_argument("--repeats", type=int, default=10)
   parser.add_argument("--targets", default="embedded,large")
   args = parser.parse_args(argv)
+  compile_cache.from_args(args)
   chains = [int(c) for c in args.chains.split(",")]
   for which in args.targets.split(","):
     if which == "embedded":

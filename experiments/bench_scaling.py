@@ -28,6 +28,8 @@ import os
 
 import numpy as np
 
+from specjax import compile_cache
+
 AR = "autoregressive"
 
 
@@ -61,23 +63,18 @@ def fitting_meshes(target, specs: list[str], devices) -> tuple[list, list[str]]:
   return meshes, skipped
 
 
-def cache_len(pad_to: int, max_new_tokens: int, num_nodes: int) -> int:
-  """The KV-cache length `generate` allocates for prompts padded to `pad_to`: the prompt, every
-  new token and one last round's whole block (the pending token and the tree's nodes)."""
-  return pad_to + max_new_tokens + num_nodes + 1
-
-
 def kv_cache_bytes(cfg, mesh, batch: int, length: int) -> int:
-  """Bytes of the KV cache of `batch` rows (padded to a multiple of dp) that each device of
+  """Bytes of the KV cache of `batch` rows (padded as `generate` pads them,
+  `decoding.batch_rows`: a power of two, then a multiple of dp) that each device of
   `mesh` holds: keys and values [L, B, S, K, D] laid out by `sharding.cache_spec` (rows over
   data, KV heads over model or replicated) and the int32 lengths [B] over data. Every device
   holds one equal shard of each, so the figure is the same on all of them."""
   import jax
   from jax.sharding import NamedSharding
 
-  from specjax import sharding
+  from specjax import decoding, sharding
   from specjax.models import decoder
-  rows = sharding.padded_batch(batch, mesh)
+  rows = decoding.batch_rows(batch, mesh)
   shapes = jax.eval_shape(lambda: decoder.init_cache(cfg, rows, length))
   kv = NamedSharding(mesh, sharding.cache_spec(cfg, mesh))
 
@@ -128,6 +125,7 @@ def format_table(rows: list[dict]) -> str:
 
 def main(argv=None) -> dict:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  compile_cache.add_arguments(parser)
   parser.add_argument("--target", default=None, help="HF-format folder (default: embedded)")
   parser.add_argument("--meshes", default=None,
                       help="';'-separated mesh specs, e.g. 'dp=8,tp=1;dp=2,tp=4' "
@@ -150,12 +148,13 @@ def main(argv=None) -> dict:
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--out", default=None, help="also write the results to this JSON file")
   args = parser.parse_args(argv)
+  compile_cache.from_args(args)
   if not args.batches or min(args.batches) < 1 or args.repeats < 1:
     parser.error("--batches must be positive ints and --repeats at least 1")
 
   import jax
 
-  from specjax import assets, config_utils, drafters, provenance, sharding
+  from specjax import assets, config_utils, decoding, drafters, provenance, sharding
   from specjax.benchmark import param_bytes
   from specjax.decoding import generate
   from specjax.interop.hf import load_target
@@ -185,7 +184,8 @@ def main(argv=None) -> dict:
   prompts = load_prompts(target, dataset, max(args.batches), args.max_prompt_tokens, args.seed,
                          args.data_dir)
   pad_to = max(len(p) for p in prompts)  # one prompt width for every batch and mesh
-  length = cache_len(pad_to, args.max_new_tokens, num_nodes)
+  length = decoding.cache_length(pad_to, args.max_new_tokens, num_nodes,
+                                 target.config.max_position_embeddings)
 
   platform = devices[0].platform
   print(f"devices: {len(devices)} x {platform} ({devices[0].device_kind}); target "

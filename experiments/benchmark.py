@@ -14,7 +14,7 @@ import json
 import os
 
 from specjax import cli, distributed, provenance
-from specjax.benchmark import markdown, run
+from specjax.benchmark import FOOTNOTE, layout_lines, run
 
 
 def main(argv=None):
@@ -22,14 +22,16 @@ def main(argv=None):
   parser.add_argument("--out", default=None, help="output folder (default: the config's)")
   args = parser.parse_args(argv)
   cfg = cli.load_from_args(args, [f"out={args.out}"] if args.out else [])
-  records = run(cfg)
+  records = run(cfg, report=print)  # each dataset's table as soon as it is done
   if not distributed.is_main_process():
-    return  # process 0 wrote the results and prints the table
+    return  # process 0 wrote the results and printed the tables
   with open(os.path.join(cfg.out, "results.json")) as f:
     saved = json.load(f)
-  line = provenance.header(saved["provenance"])
   print()
-  print(markdown(records, cfg, line, saved.get("layout")))
+  print(f"Measured with {provenance.header(saved['provenance'])}")
+  if saved.get("layout"):
+    print("\n".join(layout_lines(saved["layout"])))
+  print(FOOTNOTE)
   bad = [f"{r['method']}/{r['dataset']}" for r in records
          if cfg.temperature == 0 and not r["matches_autoregressive"]]
   if bad:

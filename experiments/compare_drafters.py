@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from specjax import assets, drafters
+from specjax import assets, compile_cache, drafters
 from specjax.benchmark import BenchmarkConfig, load_prompts
 from specjax.decoding import generate
 from specjax.drafters import io, registry
@@ -54,6 +54,7 @@ def heldout(method: str, path: str | None, target) -> tuple[str, str]:
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  compile_cache.add_arguments(parser)
   parser.add_argument("--drafter", action="append", required=True,
                       help="method or method=folder; repeat to compare")
   parser.add_argument("--trees", default="5,7", help="comma-separated tree shapes")
@@ -62,6 +63,7 @@ def main(argv=None):
   parser.add_argument("--num-prompts", type=int, default=16)
   parser.add_argument("--max-new-tokens", type=int, default=128)
   args = parser.parse_args(argv)
+  compile_cache.from_args(args)
   cfg = BenchmarkConfig(num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens)
   target = load_target(assets.TARGET_DIR, dtype="float32")
   trees = args.trees.split(",")

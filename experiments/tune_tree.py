@@ -19,7 +19,7 @@ import argparse
 import json
 import os
 
-from specjax import cli, provenance
+from specjax import cli, compile_cache, provenance
 from specjax.benchmark import BenchmarkConfig, sweep_trees
 from specjax.drafters import registry
 
@@ -40,6 +40,7 @@ def _ms(r: dict, name: str) -> str:
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  compile_cache.add_arguments(parser)
   parser.add_argument("--method", required=True, choices=registry.families())
   parser.add_argument("--num-prompts", type=int, default=8)
   parser.add_argument("--max-new-tokens", type=int, default=128)
@@ -51,6 +52,7 @@ def main(argv=None):
                       help="drafter folder (default: the shipped one; --save needs it named)")
   parser.add_argument("--out", default=None, help="also write the sweep as JSON to this file")
   args = parser.parse_args(argv)
+  compile_cache.from_args(args)
   if args.save and not args.path:
     cli.fail("--save writes into a drafter folder: name it with --path (e.g. --path "
              f"runs/{args.method}_stdlib/export, or --path specjax/assets/{args.method} to "

@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -319,6 +319,11 @@ def layout_lines(mesh_layout: dict[str, Any]) -> list[str]:
   return lines + [""]
 
 
+FOOTNOTE = (f"± is the spread (max - min) of a timing across trials; `?` marks a figure that is "
+            f"not positive, whose spread exceeds {MAX_RELATIVE_SPREAD:.0%} of it, that rests on "
+            f"such a timing, or a loop efficiency above 100%.")
+
+
 def markdown(records: list[dict[str, Any]], cfg: BenchmarkConfig,
              provenance_line: str | None = None, mesh_layout: dict[str, Any] | None = None
              ) -> str:
@@ -328,36 +333,36 @@ def markdown(records: list[dict[str, Any]], cfg: BenchmarkConfig,
   lines = [f"Measured with {provenance_line}", ""] if provenance_line else []
   lines += layout_lines(mesh_layout) if mesh_layout else []
   for dataset in dict.fromkeys(r["dataset"] for r in records):
-    lines += [f"### {dataset} (T={cfg.temperature}, {cfg.num_prompts} prompts x "
-              f"{cfg.max_new_tokens} new tokens, batch 1)", "",
-              "| method | tau | tokens/s | speedup | target calls | draft ms/round | "
-              "verify ms/round | prefill ms | drafting share | ideal (decode) | "
-              "ideal (with prefill) | loop efficiency | unreliable |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in records:
-      if r["dataset"] != dataset:
-        continue
-      bad = set(r["unreliable_figures"])
-      own = {name: name in bad for name in PHASES}
-      ar_bad = {name: f"autoregressive {name}" in bad for name in PHASES}
-      decode = own["t_draft"] or own["t_verify"] or ar_bad["t_verify"]  # tau x t_AR / round
-      e2e = decode or own["t_prefill"] or ar_bad["t_prefill"]
-      lines.append(
-          f"| {r['method']} | {r['tau']:.2f} | {r['tokens_per_second']:.1f} | "
-          f"{r['speedup']:.2f}x | {r['target_calls']} | "
-          f"{_cell(r['t_draft_ms'], '.2f', own['t_draft'], r['t_draft_spread_ms'])} | "
-          f"{_cell(r['t_verify_ms'], '.2f', own['t_verify'], r['t_verify_spread_ms'])} | "
-          f"{_cell(r['t_prefill_ms'], '.1f', own['t_prefill'], r['t_prefill_spread_ms'])} | "
-          f"{_cell(r['draft_share'], '.0%', decode)} | "
-          f"{_cell(r['ideal_speedup'], '.2f', decode, unit='x')} | "
-          f"{_cell(r['ideal_speedup_e2e'], '.2f', e2e, unit='x')} | "
-          f"{_cell(r['loop_efficiency'], '.0%', e2e or 'loop_efficiency' in bad)} | "
-          f"{', '.join(r['unreliable_figures']) or '-'} |")
-    lines.append("")
-  lines += [f"± is the spread (max - min) of a timing across trials; `?` marks a figure that is "
-            f"not positive, whose spread exceeds {MAX_RELATIVE_SPREAD:.0%} of it, that rests on "
-            f"such a timing, or a loop efficiency above 100%.", ""]
-  return "\n".join(lines)
+    lines += dataset_table([r for r in records if r["dataset"] == dataset], cfg) + [""]
+  return "\n".join(lines + [FOOTNOTE, ""])
+
+
+def dataset_table(records: list[dict[str, Any]], cfg: BenchmarkConfig) -> list[str]:
+  """The Markdown lines of one dataset's table (its records, finished by `_finish`)."""
+  lines = [f"### {records[0]['dataset']} (T={cfg.temperature}, {cfg.num_prompts} prompts x "
+           f"{cfg.max_new_tokens} new tokens, batch 1)", "",
+           "| method | tau | tokens/s | speedup | target calls | draft ms/round | "
+           "verify ms/round | prefill ms | drafting share | ideal (decode) | "
+           "ideal (with prefill) | loop efficiency | unreliable |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+  for r in records:
+    bad = set(r["unreliable_figures"])
+    own = {name: name in bad for name in PHASES}
+    ar_bad = {name: f"autoregressive {name}" in bad for name in PHASES}
+    decode = own["t_draft"] or own["t_verify"] or ar_bad["t_verify"]  # tau x t_AR / round
+    e2e = decode or own["t_prefill"] or ar_bad["t_prefill"]
+    lines.append(
+        f"| {r['method']} | {r['tau']:.2f} | {r['tokens_per_second']:.1f} | "
+        f"{r['speedup']:.2f}x | {r['target_calls']} | "
+        f"{_cell(r['t_draft_ms'], '.2f', own['t_draft'], r['t_draft_spread_ms'])} | "
+        f"{_cell(r['t_verify_ms'], '.2f', own['t_verify'], r['t_verify_spread_ms'])} | "
+        f"{_cell(r['t_prefill_ms'], '.1f', own['t_prefill'], r['t_prefill_spread_ms'])} | "
+        f"{_cell(r['draft_share'], '.0%', decode)} | "
+        f"{_cell(r['ideal_speedup'], '.2f', decode, unit='x')} | "
+        f"{_cell(r['ideal_speedup_e2e'], '.2f', e2e, unit='x')} | "
+        f"{_cell(r['loop_efficiency'], '.0%', e2e or 'loop_efficiency' in bad)} | "
+        f"{', '.join(r['unreliable_figures']) or '-'} |")
+  return lines
 
 
 def pyplot():
@@ -429,7 +434,10 @@ def methods_of(cfg: BenchmarkConfig, target: Target) -> list[str]:
   return [AR] + [m for m in methods if m != AR]
 
 
-def run(cfg: BenchmarkConfig) -> list[dict[str, Any]]:
+def run(cfg: BenchmarkConfig, report: Callable[[str], None] | None = None
+        ) -> list[dict[str, Any]]:
+  """Every method on every dataset; writes results.json, results.md and the plots to `cfg.out`.
+  `report` (e.g. `print`) receives each dataset's table as soon as that dataset is done."""
   target = configured_target(cfg)
   methods = methods_of(cfg, target)
   prompts = {dataset_name(d): load_prompts(target, d, cfg) for d in datasets_of(cfg)}
@@ -442,6 +450,9 @@ def run(cfg: BenchmarkConfig) -> list[dict[str, Any]]:
                for r in run_methods(target, [(m, None) for m in methods], rows, cfg, bar)]
       _finish(group)
       records += group
+      if report is not None and distributed.is_main_process():
+        with tqdm.external_write_mode():  # the bar steps aside
+          report("\n".join(["", *dataset_table(group, cfg), ""]))
   if not distributed.is_main_process():
     return records  # a multi-process run writes its results once, from process 0
   os.makedirs(cfg.out, exist_ok=True)

@@ -1,6 +1,7 @@
 """The command line shared by the experiment entry points: `--config`, `--set`, `--stop-after`,
-and the multi-process flags `--coordinator`, `--num-processes`, `--process-id`
-(`specjax.distributed`).
+the multi-process flags `--coordinator`, `--num-processes`, `--process-id`
+(`specjax.distributed`) and the persistent compilation cache's `--compile-cache DIR` /
+`--no-compile-cache` (`specjax.compile_cache`, on by default).
 
 A config problem (a bad `--set` item, an unknown field, a value the config refuses) or
 inconsistent multi-process flags are a usage error: one line `error: <message>` on stderr and
@@ -17,7 +18,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from specjax import distributed
+from specjax import compile_cache, distributed
 from specjax.config_utils import load_config
 
 
@@ -36,6 +37,7 @@ def config_parser(description: str, *, default_config: str | None = None,
     parser.add_argument("--stop-after", type=int, default=None,
                         help="stop after this many steps of this run (checkpointed)")
   distributed.add_arguments(parser)
+  compile_cache.add_arguments(parser)
   return parser
 
 
@@ -54,15 +56,17 @@ def resolve_config_path(name_or_path: str) -> str:
 
 def load_from_args(args: argparse.Namespace, extra_overrides: Sequence[str] = ()) -> Any:
   """`args.config` with `args.set` and `extra_overrides` applied, then this process joined to
-  the multi-process run its flags (or the environment) describe, a no-op for a single process.
-  A config error or inconsistent multi-process settings exit (2). The config comes first, so a
-  bad one fails at once instead of after waiting for the other processes."""
+  the multi-process run its flags (or the environment) describe, a no-op for a single process,
+  and the persistent compilation cache turned on unless `--no-compile-cache`. A config error or
+  inconsistent multi-process settings exit (2). The config comes first, so a bad one fails at
+  once instead of after waiting for the other processes."""
   try:
     cfg = load_config(resolve_config_path(args.config), [*args.set, *extra_overrides])
   except (ValueError, ImportError) as e:
     fail(str(e))
   try:
     distributed.from_args(args)
+    compile_cache.from_args(args)
   except ValueError as e:
     fail(str(e))
   return cfg

@@ -7,8 +7,11 @@ Conventions (the field's):
   * a round emits the accepted draft tokens plus one bonus token sampled from the target;
   * `target_calls` counts target forward passes (prefill included), so AR has tau = 1.0 exactly.
 
-Shapes are static per (batch, prompt bucket, max_new_tokens); prompt lengths are padded up to a
-power-of-two bucket so a new prompt length inside a bucket reuses the compiled program.
+Shapes are static per bucket: prompt lengths, `max_new_tokens` and the batch are each padded up
+to a power of two (the batch with rows that start finished), so a new length or batch size inside
+a bucket reuses the compiled program. Sampling's temperature and top-p are traced values (only
+greedy vs sampled, top-k and top-p on/off select programs), as is `max_new_tokens` itself: a
+sweep over temperatures, top-p values or generation lengths compiles once per bucket.
 
 On a device mesh (a target from `Target.on_mesh` or `load_target(mesh=...)`) the same program is
 compiled with explicit shardings (`specjax.sharding`): params and drafter by the partition rules,
@@ -44,7 +47,7 @@ from specjax.drafters.base import (
 from specjax.models import decoder
 from specjax.models.cache import KVCache
 from specjax.models.config import ModelConfig
-from specjax.sampling import SamplingConfig, row_keys, sample
+from specjax.sampling import SamplingConfig, SamplingMode, row_keys, sample
 from specjax.target import Target
 
 MIN_BUCKET = 16
@@ -65,6 +68,8 @@ class DecodeState:
   rng: jax.Array
   drafter_state: Any
   finite: jax.Array  # bool[B]  the target's prefill logits were finite (False: NaN/inf weights)
+  sampling: SamplingConfig  # this call's: temperature and top-p are traced
+  max_new: jax.Array  # int32[]  this call's max_new_tokens (the cache holds its bucket)
 
   @property
   def pending(self) -> jax.Array:
@@ -109,8 +114,7 @@ class _Spec:
   """The static part of a compiled generate program (its cache key with the array shapes)."""
 
   config: ModelConfig
-  sampling: SamplingConfig
-  max_new_tokens: int
+  sampling: SamplingMode
   cache_len: int
   mesh: jax.sharding.Mesh | None = None
 
@@ -121,6 +125,20 @@ def bucket_length(n: int, limit: int) -> int:
   while b < n:
     b *= 2
   return max(min(b, limit), n)
+
+
+def cache_length(prompt_bucket: int, max_new_tokens: int, num_nodes: int, limit: int) -> int:
+  """The KV cache (and history) length of a program: the padded prompt, `max_new_tokens` up to
+  its bucket, and one last round's whole block (the pending token and the tree's nodes). Nodes
+  past the context only ever produce tokens past max_new_tokens, which are cut: a tree never
+  needs to shrink near the end of the context."""
+  return prompt_bucket + bucket_length(max_new_tokens, limit) + num_nodes + 1
+
+
+def batch_rows(batch: int, mesh=None) -> int:
+  """The rows a program of `batch` prompts runs: a power of two, then a multiple of the mesh's
+  data axis; the extra rows start finished."""
+  return sharding.padded_batch(1 << (batch - 1).bit_length(), mesh)
 
 
 def _is_eos(tokens: jax.Array, eos_ids: jax.Array) -> jax.Array:
@@ -151,23 +169,25 @@ def _state_shardings(spec: _Spec) -> DecodeState:
   """The loop state's layout: rows over data, counters replicated; the drafter's state is
   left to the partitioner (None), which propagates it from the arrays it is computed from."""
   rows, rep = sharding.batch_sharding(spec.mesh), sharding.replicated(spec.mesh)
+  # The drafter state and the sampling values are left to the partitioner (None).
   return DecodeState(cache=_cache_layout(spec.config, spec.mesh), history=rows, hist_len=rows,
                      prompt_len=rows, done=rows, calls=rows, rounds=rep, accepted_hist=rep,
-                     rng=rep, drafter_state=None, finite=rows)
+                     rng=rep, drafter_state=None, finite=rows, sampling=None, max_new=rep)
 
 
 def _constrain(spec: _Spec, state: DecodeState) -> DecodeState:
-  """Pins the loop carry to `_state_shardings` (the drafter state excepted) on a mesh."""
+  """Pins the loop carry to `_state_shardings` (the drafter state and sampling values excepted)
+  on a mesh."""
   if spec.mesh is None:
     return state
   layout = _state_shardings(spec)
-  fixed = state.replace(drafter_state=None)
-  fixed = jax.lax.with_sharding_constraint(fixed, layout.replace(drafter_state=None))
-  return fixed.replace(drafter_state=state.drafter_state)
+  fixed = state.replace(drafter_state=None, sampling=None)
+  fixed = jax.lax.with_sharding_constraint(fixed, layout)
+  return fixed.replace(drafter_state=state.drafter_state, sampling=state.sampling)
 
 
 def _prefill(spec: _Spec, params, drafter, prompts, prompt_lens, live, eos_ids, rng,
-             cache: KVCache) -> DecodeState:
+             sampling: SamplingConfig, max_new, cache: KVCache) -> DecodeState:
   """The prompts' forward pass into `cache`; rows with `live` False (batch padding) start done."""
   cfg = spec.config
   b, p = prompts.shape
@@ -177,24 +197,25 @@ def _prefill(spec: _Spec, params, drafter, prompts, prompt_lens, live, eos_ids, 
                         logits_index=(prompt_lens - 1)[:, None])
   last = out.logits[:, 0]
   rng, key, init_key = jax.random.split(rng, 3)
-  first = jax.vmap(lambda k, x: sample(k, x, spec.sampling))(row_keys(key, b), last)
+  first = jax.vmap(lambda k, x: sample(k, x, sampling))(row_keys(key, b), last)
   history = jnp.zeros((b, spec.cache_len), jnp.int32).at[:, :p].set(prompts)
   history = history.at[jnp.arange(b), prompt_lens].set(first)
   cache = out.cache.advance(prompt_lens)
-  view = TargetView(cfg, spec.sampling, params)
+  view = TargetView(cfg, sampling, params)
   drafter_state = drafter.init(view, Prefill(prompts, history, prompt_lens + 1, last, out.hidden,
                                                   cache))
   return _constrain(spec, DecodeState(
       cache=cache, history=history, hist_len=prompt_lens + 1, prompt_len=prompt_lens,
-      done=_is_eos(first, eos_ids) | (spec.max_new_tokens <= 1) | ~live,
+      done=_is_eos(first, eos_ids) | (max_new <= 1) | ~live,
       calls=jnp.ones((b,), jnp.int32), rounds=jnp.zeros((), jnp.int32),
       accepted_hist=jnp.zeros((drafter.num_nodes + 1,), jnp.int32), rng=rng,
-      drafter_state=drafter_state, finite=jnp.all(jnp.isfinite(last), axis=-1) | ~live))
+      drafter_state=drafter_state, finite=jnp.all(jnp.isfinite(last), axis=-1) | ~live,
+      sampling=sampling, max_new=max_new))
 
 
 def _draft_phase(spec: _Spec, params, drafter, s: DecodeState):
   rng, draft_key, accept_key = jax.random.split(s.rng, 3)
-  view = TargetView(spec.config, spec.sampling, params)
+  view = TargetView(spec.config, s.sampling, params)
   tree, drafter_state, cache = drafter.draft(
       view, s.drafter_state, DraftContext(s.history, s.hist_len, s.pending, s.cache, draft_key))
   return tree, s.replace(cache=cache, drafter_state=drafter_state, rng=rng), accept_key
@@ -209,7 +230,7 @@ def _verify_phase(spec: _Spec, params, drafter, eos_ids, tree, s: DecodeState, a
   positions = s.cache.length[:, None] + trees.positions_offsets(tree)
   out = decoder.forward(cfg, params, block, positions, trees.verify_mask(tree), s.cache,
                         hidden_layers=drafter.hidden_layers)
-  acc = verify.accept(tree, out.logits, spec.sampling, accept_key)
+  acc = verify.accept(tree, out.logits, s.sampling, accept_key)
 
   live = ~s.done
   n_emit = jnp.where(live, acc.n_accepted + 1, 0)  # accepted nodes + the bonus token
@@ -219,14 +240,14 @@ def _verify_phase(spec: _Spec, params, drafter, eos_ids, tree, s: DecodeState, a
   history = s.history.at[jnp.arange(b)[:, None], cols].set(acc.tokens, mode="drop")
   hist_len = s.hist_len + n_emit
   emitted_eos = jnp.any(_is_eos(acc.tokens, eos_ids) & (idx < n_emit[:, None]), axis=1)
-  view = TargetView(cfg, spec.sampling, params)
+  view = TargetView(cfg, s.sampling, params)
   drafter_state = drafter.update(view, s.drafter_state, RoundResult(
       tree, acc, block, out.logits, out.hidden, live, history, hist_len))
   depth_bin = jnp.where(live, acc.n_accepted, drafter.num_nodes + 1)  # dead rows: dropped
   return s.replace(
       cache=out.cache.commit(acc.path, n_emit),  # keeps the root + accepted nodes
       history=history, hist_len=hist_len,
-      done=s.done | emitted_eos | (hist_len - s.prompt_len >= spec.max_new_tokens),
+      done=s.done | emitted_eos | (hist_len - s.prompt_len >= s.max_new),
       calls=s.calls + live, rounds=s.rounds + 1,
       accepted_hist=s.accepted_hist.at[depth_bin].add(1, mode="drop"),
       drafter_state=drafter_state)
@@ -239,8 +260,9 @@ def _round(spec: _Spec, params, drafter, eos_ids, s: DecodeState) -> DecodeState
 
 
 def _generate_program(spec: _Spec, params, drafter, prompts, prompt_lens, live, eos_ids, rng,
-                      cache) -> DecodeState:
-  state = _prefill(spec, params, drafter, prompts, prompt_lens, live, eos_ids, rng, cache)
+                      sampling, max_new, cache) -> DecodeState:
+  state = _prefill(spec, params, drafter, prompts, prompt_lens, live, eos_ids, rng, sampling,
+                   max_new, cache)
   return jax.lax.while_loop(lambda s: ~jnp.all(s.done),
                             lambda s: _round(spec, params, drafter, eos_ids, s), state)
 
@@ -255,7 +277,7 @@ def release_compiled() -> None:
   "Unable to allocate section memory") long before it runs out of memory."""
   _COMPILED.clear()
   jax.clear_caches()
-_CACHE_ARG = 8  # the cache's position in _generate_program's arguments (donated)
+_CACHE_ARG = 10  # the cache's position in _generate_program's arguments (donated)
 
 
 def _mesh_context(mesh):
@@ -384,21 +406,22 @@ def _setup(target: Target, prompts, max_new_tokens: int, drafter, sampling: Samp
     if pad_to < longest:
       raise ValueError(f"pad_to={pad_to} is shorter than the longest prompt ({longest})")
   p = pad_to or bucket_length(longest, cfg.max_position_embeddings)
-  # Room for the last round's whole block. Nodes past the context only ever produce tokens past
-  # max_new_tokens, which are cut: a tree never needs to shrink near the end of the context.
   mesh = target.mesh
-  spec = _Spec(cfg, sampling, max_new_tokens,
-               cache_len=p + max_new_tokens + drafter.num_nodes + 1, mesh=mesh)
+  spec = _Spec(cfg, sampling.mode, mesh=mesh, cache_len=cache_length(
+      p, max_new_tokens, drafter.num_nodes, cfg.max_position_embeddings))
   n_real = len(ids)
-  rows = ids + [ids[-1]] * (sharding.padded_batch(n_real, mesh) - n_real)  # pad rows: done
+  rows = ids + [ids[-1]] * (batch_rows(n_real, mesh) - n_real)  # pad rows: done
   prompt_arr = np.zeros((len(rows), p), np.int32)
   for i, row in enumerate(rows):
     prompt_arr[i, :len(row)] = row
   batch = (prompt_arr, np.asarray([len(r) for r in rows], np.int32),
            np.arange(len(rows)) < n_real)
   shared = (_eos_array(cfg, eos_token_id), jax.random.key(seed))
+  knobs = (jax.tree.map(lambda x: np.asarray(x, np.float32), sampling),
+           np.asarray(max_new_tokens, np.int32))
   if mesh is None:
     batch, shared = tuple(map(jnp.asarray, batch)), (jnp.asarray(shared[0]), shared[1])
+    knobs = jax.tree.map(jnp.asarray, knobs)
   else:
     def _global(a: np.ndarray, where: jax.sharding.NamedSharding) -> jax.Array:
       # `a` (the same value on every process) laid out by `where`, each process placing only
@@ -414,7 +437,8 @@ def _setup(target: Target, prompts, max_new_tokens: int, drafter, sampling: Samp
     # devices: its raw data is placed instead and wrapped again.
     key_data = _global(np.asarray(jax.random.key_data(key)), rep)
     shared = (_global(eos, rep), jax.random.wrap_key_data(key_data, impl=jax.random.key_impl(key)))
-  args = (target.params, drafter, *batch, *shared, _init_cache(spec, len(rows)))
+    knobs = jax.tree.map(lambda a: _global(a, rep), knobs)
+  args = (target.params, drafter, *batch, *shared, *knobs, _init_cache(spec, len(rows)))
   return spec, args, n_real
 
 
@@ -494,100 +518,81 @@ def profile_phases(target: Target, prompts, *, drafter: Drafter | None = None,
   """Seconds per round of the verify phase and of the draft phase, and of the prefill (the
   prompt's forward plus the drafter's `init`), each with its spread across trials.
 
-  Rounds run `repeats` times inside one compiled `lax.while_loop`, as in `generate`, from the
-  state right after the prompt's prefill, so per-call dispatch is not counted (t_verify of
-  autoregressive decoding is its in-loop step). t_verify chains verify phases of one drafted tree
-  through the state; t_draft is what a whole round (draft, then verify) costs beyond that, which
-  keeps a drafter whose state a draft leaves unchanged from being hoisted out of the loop. Each
-  figure is the difference between 2 * repeats and repeats rounds (the fastest of `trials` runs
-  each, the loops interleaved), which cancels the call's fixed cost; t_prefill is the fastest
-  trial's mean over `repeats` calls. `<name>_spread` is the range (max - min) of the per-trial
-  estimates. Nothing is clamped: a difference of noisy timings can come out negative, and a
-  caller judging the figures needs to see that (`specjax.benchmark` marks such cells). The ideal
-  speedup of a method is tau * t_AR_step / (t_draft + t_verify); a loop is efficient when it gets
-  close to it. Without a drafter t_draft is 0 by definition, not measured.
+  One compiled program per method and shapes (`_profile_program`) runs the prefill, drafts one
+  tree, then chains `n_verify` verify phases of that tree and `n_round` whole rounds (draft, then
+  verify) inside `lax.fori_loop`s, as `generate`'s loop runs them, so per-call dispatch is not
+  counted (t_verify of autoregressive decoding is its in-loop step). Timing whole rounds, not
+  draft phases alone, keeps a drafter whose state a draft leaves unchanged from being hoisted
+  out of the loop: t_draft is what a round costs beyond a verify phase. t_verify and t_round are
+  each the difference between 2 * repeats and repeats iterations (the fastest of `trials` runs at
+  each length, the loops interleaved), which cancels the call's fixed cost, the prefill
+  included; t_prefill is the fastest call with no iterations, less one draft. `<name>_spread` is
+  the range (max - min) of the per-trial estimates. Nothing is clamped: a difference of noisy
+  timings can come out negative, and a caller judging the figures needs to see that
+  (`specjax.benchmark` marks such cells). The ideal speedup of a method is
+  tau * t_AR_step / (t_draft + t_verify); a loop is efficient when it gets close to it. Without a
+  drafter t_draft is 0 by definition, not measured.
   """
   drafter = NoDrafter() if drafter is None else drafter
-  spec, (params, drafter, prompt_arr, lens, live, eos, rng, cache), _ = _setup(
-      target, prompts, max_new_tokens, drafter, SamplingConfig(temperature, top_k, top_p), 0,
-      [], pad_to)
+  trials = checks.integer("trials", trials, lo=1)
+  repeats = checks.integer("repeats", repeats, lo=1)
+  spec, args, _ = _setup(target, prompts, max_new_tokens, drafter,
+                         SamplingConfig(temperature, top_k, top_p), 0, [], pad_to)
   with _mesh_context(spec.mesh):
-    return _profile(spec, params, drafter, prompt_arr, lens, live, eos, rng, cache, repeats,
-                    trials)
-
-
-# The profiler's programs, jitted once at module level (the spec is static), so profiling the
-# same method, shapes and sampling again reuses their compilations.
-_prefill_program = jax.jit(_prefill, static_argnums=0)
-_draft_program = jax.jit(_draft_phase, static_argnums=0)
+    return _profile(spec, args, repeats, trials)
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _rounds_program(spec: _Spec, params, drafter, eos, state, n):
-  return jax.lax.fori_loop(0, n, lambda i, s: _round(spec, params, drafter, eos, s), state)
-
-
-@functools.partial(jax.jit, static_argnums=0)
-def _verify_rounds_program(spec: _Spec, params, drafter, eos, tree, state, key, n):
+def _profile_program(spec: _Spec, params, drafter, prompts, prompt_lens, live, eos_ids, rng,
+                     sampling, max_new, cache, n_verify, n_round) -> DecodeState:
+  """Prefill, one draft, `n_verify` verify phases of that draft, then `n_round` whole rounds.
+  The loop counts are traced: every timing of `profile_phases` runs this one program, and
+  profiling the same method, shapes and sampling again reuses its compilation."""
+  state = _prefill(spec, params, drafter, prompts, prompt_lens, live, eos_ids, rng, sampling,
+                   max_new, cache)
+  tree, _, key = _draft_phase(spec, params, drafter, state)
+  state = jax.lax.fori_loop(
+      0, n_verify, lambda i, s: _verify_phase(spec, params, drafter, eos_ids, tree, s, key), state)
   return jax.lax.fori_loop(
-      0, n, lambda i, s: _verify_phase(spec, params, drafter, eos, tree, s, key), state)
+      0, n_round, lambda i, s: _round(spec, params, drafter, eos_ids, s), state)
 
 
-def _profile(spec: _Spec, params, drafter, prompt_arr, lens, live, eos, rng, cache, repeats,
-             trials) -> dict[str, float]:
-  state = _prefill_program(spec, params, drafter, prompt_arr, lens, live, eos, rng, cache)
-  tree, _, key = _draft_program(spec, params, drafter, state)
+def _profile(spec: _Spec, args: tuple, repeats: int, trials: int) -> dict[str, float]:
+  def call(n_verify: int, n_round: int) -> float:
+    start = time.perf_counter()
+    jax.block_until_ready(_profile_program(spec, *args, n_verify, n_round))
+    return time.perf_counter() - start
 
-  def per_round(loops: dict[str, Any]) -> dict[str, tuple[float, np.ndarray]]:
-    """Per `n -> state` loop: (seconds per round, the per-trial estimates). Runs at repeats and
-    2 * repeats rounds, interleaved across the loops (so drift in the machine's speed hits them
-    alike); the estimate is the fastest run at each length, then their difference over
-    repeats."""
-    walls = {name: {n: [] for n in (repeats, 2 * repeats)} for name in loops}
-    for trial in range(trials + 1):
-      for name, fn in loops.items():
-        for n in (repeats, 2 * repeats):
-          start = time.perf_counter()
-          jax.block_until_ready(fn(n))
-          if trial:  # the first trial compiles and warms up
-            walls[name][n].append(time.perf_counter() - start)
-    out = {}
-    for name, w in walls.items():
-      short, long = np.asarray(w[repeats]), np.asarray(w[2 * repeats])
-      out[name] = ((long.min() - short.min()) / repeats, (long - short) / repeats)
-    return out
-
-  def per_call(fn) -> tuple[float, np.ndarray]:
-    jax.block_until_ready(fn())
-    means = []
-    for _ in range(trials):
-      start = time.perf_counter()
-      for _ in range(repeats):
-        out = fn()
-      jax.block_until_ready(out)
-      means.append((time.perf_counter() - start) / repeats)
-    return min(means), np.asarray(means)
+  loops = {"verify": lambda n: (n, 0)}
+  if args[1].num_nodes:
+    loops["round"] = lambda n: (0, n)
+  counts = {"prefill": (0, 0)} | {(name, n): loops[name](n) for name in loops
+                                   for n in (repeats, 2 * repeats)}
+  walls = {key: [] for key in counts}
+  for trial in range(trials + 1):  # interleaved, so drift in the machine's speed hits all alike
+    for key, (n_verify, n_round) in counts.items():
+      wall = call(n_verify, n_round)
+      if trial:  # the first trial compiles and warms up
+        walls[key].append(wall)
+  per_round = {}
+  for name in loops:
+    short, long = np.asarray(walls[name, repeats]), np.asarray(walls[name, 2 * repeats])
+    per_round[name] = ((long.min() - short.min()) / repeats, (long - short) / repeats)
 
   def spread(per_trial: np.ndarray) -> float:
     return float(per_trial.max() - per_trial.min())
 
-  loops = {"verify": lambda n: _verify_rounds_program(spec, params, drafter, eos, tree, state,
-                                                      key, n)}
-  if drafter.num_nodes:
-    loops["round"] = lambda n: _rounds_program(spec, params, drafter, eos, state, n)
-  t = per_round(loops)
-  t_prefill, prefill_trials = per_call(
-      lambda: _prefill_program(spec, params, drafter, prompt_arr, lens, live, eos, rng,
-                               state.cache))
-  t_verify, verify_trials = t["verify"]
-  if "round" in t:
-    t_round, round_trials = t["round"]
-    t_draft, draft_spread = t_round - t_verify, spread(round_trials - verify_trials)
+  t_verify, verify_trials = per_round["verify"]
+  if "round" in per_round:
+    t_round, round_trials = per_round["round"]
+    t_draft, draft_trials = t_round - t_verify, round_trials - verify_trials
   else:
-    t_draft, draft_spread = 0.0, 0.0
+    t_draft, draft_trials = 0.0, np.zeros(trials)
+  prefill_trials = np.asarray(walls["prefill"]) - draft_trials
   return {
-      "t_prefill": float(t_prefill), "t_prefill_spread": spread(prefill_trials),
-      "t_draft": float(t_draft), "t_draft_spread": draft_spread,
+      "t_prefill": float(np.min(walls["prefill"]) - t_draft),
+      "t_prefill_spread": spread(prefill_trials),
+      "t_draft": float(t_draft), "t_draft_spread": spread(draft_trials),
       "t_verify": float(t_verify), "t_verify_spread": spread(verify_trials),
   }
 

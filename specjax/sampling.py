@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specjax import checks
 
@@ -21,12 +23,24 @@ from specjax import checks
 MIN_TEMPERATURE = 1e-4
 
 
+class SamplingMode(NamedTuple):
+  """The static part of a `SamplingConfig`: what a compiled program's structure depends on.
+  Temperature and top-p are traced values inside it, so every temperature > 0 and every top-p
+  < 1 share one program; top-k is static (`lax.top_k` needs a static k)."""
+
+  greedy: bool
+  top_k: int
+  nucleus: bool  # top-p filtering is on (top_p < 1)
+
+
 @dataclasses.dataclass(frozen=True)
 class SamplingConfig:
   """temperature == 0 is greedy (argmax); top_k == 0 and top_p == 1.0 disable those filters.
 
-  Values are checked and normalised (float, int, float) at construction: the config is a static
-  jit argument, so a bad one would fail only inside the trace.
+  Values are checked and normalised (float, int, float) at construction. The config is a pytree
+  whose leaves are the temperature (unless greedy) and top-p (when filtering) and whose static
+  part is its `mode`: passed to a jitted function, a new temperature or top-p reuses the
+  compiled program, while greedy decoding, top-k and turning top-p on or off select another.
   """
 
   temperature: float = 0.0
@@ -49,10 +63,60 @@ class SamplingConfig:
     object.__setattr__(self, "temperature", t)
     object.__setattr__(self, "top_k", top_k)
     object.__setattr__(self, "top_p", top_p)
+    object.__setattr__(self, "_mode", SamplingMode(t == 0.0, top_k, top_p < 1.0))
+    # Top-p drops the tokens whose cumulative probability is <= 1 - top_p. The difference is
+    # taken here in double precision, as transformers takes it, and only then rounded to the
+    # logits' float32: 1 - float32(top_p) would move the boundary.
+    object.__setattr__(self, "_drop_mass", 1.0 - top_p)
+
+  @property
+  def mode(self) -> SamplingMode:
+    return self._mode
 
   @property
   def greedy(self) -> bool:
-    return self.temperature == 0.0
+    return self._mode.greedy
+
+  @property
+  def nucleus(self) -> bool:
+    return self._mode.nucleus
+
+  @property
+  def drop_mass(self) -> Any:
+    """1 - top_p: the cumulative probability at or below which top-p drops tokens."""
+    return self._drop_mass
+
+  @classmethod
+  def from_mode(cls, mode: SamplingMode, temperature: Any = 0.0, drop_mass: Any = 0.0
+                ) -> SamplingConfig:
+    """A config of `mode` with the given (possibly traced) temperature and 1 - top_p; a greedy
+    mode keeps temperature 0 and a mode without nucleus filtering top-p 1, whatever is passed.
+    Values are not checked: they come from a config that was."""
+    cfg = object.__new__(cls)
+    drop_mass = drop_mass if mode.nucleus else 0.0
+    object.__setattr__(cfg, "_mode", SamplingMode(*mode))
+    object.__setattr__(cfg, "temperature", 0.0 if mode.greedy else temperature)
+    object.__setattr__(cfg, "top_k", mode.top_k)
+    # jax also unflattens with placeholder leaves (e.g. while lowering): those stay as they are.
+    numeric = isinstance(drop_mass, (float, int, np.ndarray, np.generic, jax.Array))
+    object.__setattr__(cfg, "top_p", 1.0 - drop_mass if numeric else drop_mass)
+    object.__setattr__(cfg, "_drop_mass", drop_mass)
+    return cfg
+
+
+def _flatten(cfg: SamplingConfig):
+  mode = cfg.mode
+  leaves = ([] if mode.greedy else [cfg.temperature]) + ([cfg.drop_mass] if mode.nucleus else [])
+  return leaves, mode
+
+
+def _unflatten(mode: SamplingMode, leaves) -> SamplingConfig:
+  leaves = list(leaves)
+  temperature = 0.0 if mode.greedy else leaves.pop(0)
+  return SamplingConfig.from_mode(mode, temperature, leaves[0] if mode.nucleus else 0.0)
+
+
+jax.tree_util.register_pytree_node(SamplingConfig, _flatten, _unflatten)
 
 
 def argmax(x: jax.Array) -> jax.Array:
@@ -78,12 +142,12 @@ def process_logits(logits: jax.Array, cfg: SamplingConfig) -> jax.Array:
   if cfg.top_k and cfg.top_k < x.shape[-1]:
     kth = jax.lax.top_k(x, cfg.top_k)[0][..., -1:]
     x = jnp.where(x < kth, -jnp.inf, x)  # ties with the k-th value are kept, as in HF
-  if cfg.top_p < 1.0:
+  if cfg.nucleus:
     # HF: sort ascending, drop tokens whose cumulative probability is <= 1 - top_p, keep the top.
     order = jnp.argsort(x, axis=-1)
     sorted_x = jnp.take_along_axis(x, order, axis=-1)
     cum = jnp.cumsum(jax.nn.softmax(sorted_x, axis=-1), axis=-1)
-    drop_sorted = cum <= 1.0 - cfg.top_p
+    drop_sorted = cum <= cfg.drop_mass
     drop_sorted = drop_sorted.at[..., -1].set(False)
     drop = jnp.take_along_axis(drop_sorted, jnp.argsort(order, axis=-1), axis=-1)
     x = jnp.where(drop, -jnp.inf, x)

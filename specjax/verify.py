@@ -34,8 +34,6 @@ distribution for the token *after* that row.
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 from flax import struct
@@ -158,10 +156,11 @@ def accept_with_uniforms(tree: Tree, p: jax.Array, uniforms: jax.Array, bonus_ke
   return _assemble(tree.tokens, accepted, bonus)
 
 
-@functools.partial(jax.jit, static_argnames=("sampling",))
+@jax.jit
 def accept(tree: Tree, logits: jax.Array, sampling: SamplingConfig, rng: jax.Array) -> Acceptance:
   """Verifies `tree` against the target's logits: float[B, N+1, V] (row 0 at the root, row i + 1
-  at node i) under `sampling` (temperature / top-k / top-p applied to the target, greedy = T 0).
+  at node i) under `sampling` (temperature / top-k / top-p applied to the target, greedy = T 0;
+  a pytree whose mode is static and whose temperature and top-p are traced).
 
   Randomness: rng splits into an accept key and a bonus key (a uniform is never reused for both
   the accept test and the residual draw); each batch row folds in its index (row_keys), so a row's

@@ -25,7 +25,10 @@ _TEST_XLA_FLAGS = {
 _flags = os.environ.get("XLA_FLAGS", "")
 os.environ["XLA_FLAGS"] = " ".join([_flags] + [f"--{k}={v}" for k, v in _TEST_XLA_FLAGS.items()
                                                if k not in _flags]).strip()
-
+# The experiment entry points turn JAX's persistent compilation cache on by default; tests that
+# call them in-process must not write into the user's cache (tests/test_compile_cache.py gives
+# its subprocesses a folder of their own).
+os.environ["SPECJAX_COMPILE_CACHE"] = "off"
 
 MAX_WORKERS = 4
 

@@ -45,7 +45,7 @@ from specjax.verify import Acceptance
 @struct.dataclass
 class TargetView:
   config: ModelConfig = struct.field(pytree_node=False)
-  sampling: SamplingConfig = struct.field(pytree_node=False)
+  sampling: SamplingConfig  # a pytree: its mode is static, temperature and top-p traced
   params: nnx.State
 
 

@@ -108,10 +108,9 @@ PROMPT = [5, 17, 3, 88, 41, 3, 17, 9, 60, 2, 71, 33]
 
 def _rounds(target, drafter, rounds: int):
   """Prefill + `rounds` speculative rounds through decoding's own phases."""
-  spec, (params, drafter, prompts, lens, live, eos, rng, cache), _ = decoding._setup(
-      target, [PROMPT], 48, drafter, SamplingConfig(), 0, [], 16)
-  state = jax.jit(decoding._prefill, static_argnums=0)(spec, params, drafter, prompts, lens, live,
-                                                       eos, rng, cache)
+  spec, args, _ = decoding._setup(target, [PROMPT], 48, drafter, SamplingConfig(), 0, [], 16)
+  params, drafter, eos = args[0], args[1], args[5]
+  state = jax.jit(decoding._prefill, static_argnums=0)(spec, *args)
   step = jax.jit(decoding._round, static_argnums=0)
   for _ in range(rounds):
     state = step(spec, params, drafter, eos, state)
