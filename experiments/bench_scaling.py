@@ -108,18 +108,19 @@ def _bytes(n: int | None) -> str:
 
 def format_table(rows: list[dict]) -> str:
   """One Markdown row per (mesh, batch); bytes per device are the max over devices."""
+  from specjax import metrics
   drafter = any(r["drafter_param_bytes"] for r in rows)
   head = ["mesh", "batch", "tokens/s", "tau", "target params/device"]
   head += ["drafter params/device"] if drafter else []
   head += ["KV cache/device", "= first mesh"]
-  lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+  lines = metrics.markdown_table(head)
   for r in rows:
     cells = [r["mesh"], str(r["batch"]), f"{r['tokens_per_second']:.1f}", f"{r['tau']:.2f}",
              _bytes(r["target_param_bytes"]["max"])]
     if drafter:
       cells.append(_bytes((r["drafter_param_bytes"] or {}).get("max")))
     cells += [_bytes(r["kv_cache_bytes_per_device"]), "yes" if r["matches_first_mesh"] else "NO"]
-    lines.append("| " + " | ".join(cells) + " |")
+    lines.append(metrics.markdown_row(cells))
   return "\n".join(lines)
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from specjax import assets, compile_cache, drafters
+from specjax import assets, compile_cache, drafters, metrics
 from specjax.benchmark import BenchmarkConfig, load_prompts
 from specjax.decoding import generate
 from specjax.drafters import io, registry
@@ -69,9 +69,8 @@ def main(argv=None):
   trees = args.trees.split(",")
   datasets = args.datasets.split(",")
   prompts = {ds: load_prompts(target, ds, cfg) for ds in datasets}
-  print("| drafter | held-out agreement | held-out chain tau | dataset | "
-        + " | ".join(trees) + " |")
-  print("|---|---|---|---|" + "---|" * len(trees))
+  print("\n".join(metrics.markdown_table(
+      ["drafter", "held-out agreement", "held-out chain tau", "dataset", *trees])))
   for spec in args.drafter:
     method, path = parse_drafter(spec)
     agree, chain = heldout(method, path, target)
@@ -86,7 +85,7 @@ def main(argv=None):
                            eos_token_id=[], pad_to=max(map(len, rows))).stats
           tokens, calls = tokens + stats.new_tokens, calls + stats.target_calls
         taus.append(f"{tokens / calls:.2f}")
-      print(f"| {spec} | {agree} | {chain} | {ds} | " + " | ".join(taus) + " |", flush=True)
+      print(metrics.markdown_row([spec, agree, chain, ds, *taus]), flush=True)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import argparse
 import json
 import os
 
-from specjax import cli, compile_cache, provenance
+from specjax import cli, compile_cache, metrics, provenance
 from specjax.benchmark import BenchmarkConfig, sweep_trees
 from specjax.drafters import registry
 
@@ -66,8 +66,8 @@ def main(argv=None):
   records = sweep_trees(args.method, candidates, cfg)
   block = provenance.collect(dict(vars(args), benchmark=cfg))
   print(f"Measured with {provenance.header(block)}")
-  print("| options | nodes | tau | speedup | draft ms | verify ms | ideal |")
-  print("|---|---|---|---|---|---|---|")
+  print("\n".join(metrics.markdown_table(
+      ["options", "nodes", "tau", "speedup", "draft ms", "verify ms", "ideal"])))
   for r in records[1:]:
     ideal = "n/a" if r["ideal_speedup"] is None else f"{r['ideal_speedup']:.2f}x"
     print(f"| {json.dumps({k: v for k, v in r['options'].items() if k != 'path'})} | "

@@ -310,13 +310,11 @@ def format_bytes(n: int) -> str:
 
 def layout_lines(mesh_layout: dict[str, Any]) -> list[str]:
   """The mesh line and a table of parameter bytes per device (see `layout`)."""
-  lines = [f"Mesh: {mesh_layout['mesh']}", "",
-           "| parameters | min per device | max per device | total over devices | one copy |",
-           "|---|---|---|---|---|"]
-  for name, b in mesh_layout["param_bytes"].items():
-    cells = [format_bytes(b[k]) for k in ("min", "max", "total", "one_copy")]
-    lines.append(f"| {name} | " + " | ".join(cells) + " |")
-  return lines + [""]
+  rows = [[name] + [format_bytes(b[k]) for k in ("min", "max", "total", "one_copy")]
+          for name, b in mesh_layout["param_bytes"].items()]
+  return [f"Mesh: {mesh_layout['mesh']}", "", *metrics.markdown_table(
+      ["parameters", "min per device", "max per device", "total over devices", "one copy"],
+      rows), ""]
 
 
 FOOTNOTE = (f"± is the spread (max - min) of a timing across trials; `?` marks a figure that is "
@@ -340,11 +338,10 @@ def markdown(records: list[dict[str, Any]], cfg: BenchmarkConfig,
 def dataset_table(records: list[dict[str, Any]], cfg: BenchmarkConfig) -> list[str]:
   """The Markdown lines of one dataset's table (its records, finished by `_finish`)."""
   lines = [f"### {records[0]['dataset']} (T={cfg.temperature}, {cfg.num_prompts} prompts x "
-           f"{cfg.max_new_tokens} new tokens, batch 1)", "",
-           "| method | tau | tokens/s | speedup | target calls | draft ms/round | "
-           "verify ms/round | prefill ms | drafting share | ideal (decode) | "
-           "ideal (with prefill) | loop efficiency | unreliable |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           f"{cfg.max_new_tokens} new tokens, batch 1)", "", *metrics.markdown_table(
+               ["method", "tau", "tokens/s", "speedup", "target calls", "draft ms/round",
+                "verify ms/round", "prefill ms", "drafting share", "ideal (decode)",
+                "ideal (with prefill)", "loop efficiency", "unreliable"])]
   for r in records:
     bad = set(r["unreliable_figures"])
     own = {name: name in bad for name in PHASES}

@@ -8,6 +8,7 @@ counts the rounds that accepted exactly k draft nodes (k = 0..N).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -27,3 +28,14 @@ def acceptance_by_depth(hist: Sequence[int], unreached=None) -> list:
   reached = hist[::-1].cumsum()[::-1]  # reached[d] = rounds that accepted >= d nodes
   return [float(reached[d] / reached[d - 1]) if reached[d - 1] else unreached
           for d in range(1, len(hist))]
+
+
+def markdown_row(cells: Sequence[Any]) -> str:
+  """One Markdown table row: `| a | b |` (cells through `str`)."""
+  return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]] = ()) -> list[str]:
+  """A Markdown table's lines: the header, its separator and one line per row. With no rows it
+  is the head of a table whose rows are printed as they come (`markdown_row`)."""
+  return [markdown_row(header), "|" + "---|" * len(header), *map(markdown_row, rows)]

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from specjax import assets, config_utils, decoding, distributed, drafters, provenance
+from specjax import assets, config_utils, decoding, distributed, drafters, metrics, provenance
 from specjax.benchmark import (
   AR,
   BenchmarkConfig,
@@ -199,12 +199,8 @@ def _public(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
   return [{k: v for k, v in r.items() if k != "outputs"} for r in records]
 
 
-def _row(cells: Sequence[Any]) -> str:
-  return "| " + " | ".join(str(c) for c in cells) + " |"
-
-
 def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
-  return [_row(header), "|" + "---|" * len(header), *map(_row, rows), ""]
+  return [*metrics.markdown_table(header, rows), ""]
 
 
 def _speedup_cell(r: dict[str, Any]) -> str:
