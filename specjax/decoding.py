@@ -47,7 +47,7 @@ from specjax.drafters.base import (
 from specjax.models import decoder
 from specjax.models.cache import KVCache
 from specjax.models.config import ModelConfig
-from specjax.sampling import SamplingConfig, SamplingMode, row_keys, sample
+from specjax.sampling import SamplingConfig, row_keys, sample
 from specjax.target import Target
 
 MIN_BUCKET = 16
@@ -113,8 +113,7 @@ class GenerateResult:
 class _Spec:
   """The static part of a compiled generate program (its cache key with the array shapes)."""
 
-  config: ModelConfig
-  sampling: SamplingMode
+  config: ModelConfig  # the sampling mode is in the sampling argument's tree structure
   cache_len: int
   mesh: jax.sharding.Mesh | None = None
 
@@ -166,10 +165,10 @@ def _cache_layout(cfg: ModelConfig, mesh) -> KVCache:
 
 
 def _state_shardings(spec: _Spec) -> DecodeState:
-  """The loop state's layout: rows over data, counters replicated; the drafter's state is
-  left to the partitioner (None), which propagates it from the arrays it is computed from."""
+  """The loop state's layout: rows over data, counters replicated; the drafter's state and the
+  sampling values are left to the partitioner (None), which propagates them from the arrays they
+  are computed from."""
   rows, rep = sharding.batch_sharding(spec.mesh), sharding.replicated(spec.mesh)
-  # The drafter state and the sampling values are left to the partitioner (None).
   return DecodeState(cache=_cache_layout(spec.config, spec.mesh), history=rows, hist_len=rows,
                      prompt_len=rows, done=rows, calls=rows, rounds=rep, accepted_hist=rep,
                      rng=rep, drafter_state=None, finite=rows, sampling=None, max_new=rep)
@@ -407,7 +406,7 @@ def _setup(target: Target, prompts, max_new_tokens: int, drafter, sampling: Samp
       raise ValueError(f"pad_to={pad_to} is shorter than the longest prompt ({longest})")
   p = pad_to or bucket_length(longest, cfg.max_position_embeddings)
   mesh = target.mesh
-  spec = _Spec(cfg, sampling.mode, mesh=mesh, cache_len=cache_length(
+  spec = _Spec(cfg, mesh=mesh, cache_len=cache_length(
       p, max_new_tokens, drafter.num_nodes, cfg.max_position_embeddings))
   n_real = len(ids)
   rows = ids + [ids[-1]] * (batch_rows(n_real, mesh) - n_real)  # pad rows: done

@@ -94,10 +94,11 @@ class SamplingConfig:
     Values are not checked: they come from a config that was."""
     cfg = object.__new__(cls)
     drop_mass = drop_mass if mode.nucleus else 0.0
-    object.__setattr__(cfg, "_mode", SamplingMode(*mode))
+    object.__setattr__(cfg, "_mode", mode)
     object.__setattr__(cfg, "temperature", 0.0 if mode.greedy else temperature)
     object.__setattr__(cfg, "top_k", mode.top_k)
-    # jax also unflattens with placeholder leaves (e.g. while lowering): those stay as they are.
+    # Lowering unflattens with non-numeric leaves (argument descriptions): top_p is derived
+    # from numbers only and otherwise holds the leaf itself.
     numeric = isinstance(drop_mass, (float, int, np.ndarray, np.generic, jax.Array))
     object.__setattr__(cfg, "top_p", 1.0 - drop_mass if numeric else drop_mass)
     object.__setattr__(cfg, "_drop_mass", drop_mass)
