@@ -517,18 +517,18 @@ def profile_phases(target: Target, prompts, *, drafter: Drafter | None = None,
   """Seconds per round of the verify phase and of the draft phase, and of the prefill (the
   prompt's forward plus the drafter's `init`), each with its spread across trials.
 
-  One compiled program per method and shapes (`_profile_program`) runs the prefill, drafts one
-  tree, then chains `n_verify` verify phases of that tree and `n_round` whole rounds (draft, then
-  verify) inside `lax.fori_loop`s, as `generate`'s loop runs them, so per-call dispatch is not
-  counted (t_verify of autoregressive decoding is its in-loop step). Timing whole rounds, not
-  draft phases alone, keeps a drafter whose state a draft leaves unchanged from being hoisted
-  out of the loop: t_draft is what a round costs beyond a verify phase. t_verify and t_round are
-  each the difference between 2 * repeats and repeats iterations (the fastest of `trials` runs at
-  each length, the loops interleaved), which cancels the call's fixed cost, the prefill
-  included; t_prefill is the fastest call with no iterations, less one draft. `<name>_spread` is
-  the range (max - min) of the per-trial estimates. Nothing is clamped: a difference of noisy
-  timings can come out negative, and a caller judging the figures needs to see that
-  (`specjax.benchmark` marks such cells). The ideal speedup of a method is
+  Two compiled programs per method and shapes: the prefill, and the loops (`_loops_program`),
+  which draft one tree from the prefilled state, then chain `n_verify` verify phases of that tree
+  and `n_round` whole rounds (draft, then verify) inside `lax.fori_loop`s, as `generate`'s loop
+  runs them, so per-call dispatch is not counted (t_verify of autoregressive decoding is its
+  in-loop step). Timing whole rounds, not draft phases alone, keeps a drafter whose state a draft
+  leaves unchanged from being hoisted out of the loop: t_draft is what a round costs beyond a
+  verify phase. t_verify and t_round are each the difference between 2 * repeats and repeats
+  iterations (the fastest of `trials` runs at each length, the loops interleaved), which cancels
+  the call's fixed cost; t_prefill is the fastest trial's mean over `repeats` calls.
+  `<name>_spread` is the range (max - min) of the per-trial estimates. Nothing is clamped: a
+  difference of noisy timings can come out negative, and a caller judging the figures needs to
+  see that (`specjax.benchmark` marks such cells). The ideal speedup of a method is
   tau * t_AR_step / (t_draft + t_verify); a loop is efficient when it gets close to it. Without a
   drafter t_draft is 0 by definition, not measured.
   """
@@ -541,14 +541,16 @@ def profile_phases(target: Target, prompts, *, drafter: Drafter | None = None,
     return _profile(spec, args, repeats, trials)
 
 
+# The profiler's two programs, jitted once at module level (the spec is static; the loop counts
+# are traced), so profiling the same method, shapes and sampling mode again reuses them.
+_prefill_program = jax.jit(_prefill, static_argnums=0)
+
+
 @functools.partial(jax.jit, static_argnums=0)
-def _profile_program(spec: _Spec, params, drafter, prompts, prompt_lens, live, eos_ids, rng,
-                     sampling, max_new, cache, n_verify, n_round) -> DecodeState:
-  """Prefill, one draft, `n_verify` verify phases of that draft, then `n_round` whole rounds.
-  The loop counts are traced: every timing of `profile_phases` runs this one program, and
-  profiling the same method, shapes and sampling again reuses its compilation."""
-  state = _prefill(spec, params, drafter, prompts, prompt_lens, live, eos_ids, rng, sampling,
-                   max_new, cache)
+def _loops_program(spec: _Spec, params, drafter, eos_ids, state: DecodeState, n_verify, n_round
+                   ) -> DecodeState:
+  """From a prefilled `state`: one draft, `n_verify` verify phases of that draft, then `n_round`
+  whole rounds."""
   tree, _, key = _draft_phase(spec, params, drafter, state)
   state = jax.lax.fori_loop(
       0, n_verify, lambda i, s: _verify_phase(spec, params, drafter, eos_ids, tree, s, key), state)
@@ -557,16 +559,18 @@ def _profile_program(spec: _Spec, params, drafter, prompts, prompt_lens, live, e
 
 
 def _profile(spec: _Spec, args: tuple, repeats: int, trials: int) -> dict[str, float]:
+  params, drafter, eos = args[0], args[1], args[5]
+  state = _prefill_program(spec, *args)
+
   def call(n_verify: int, n_round: int) -> float:
     start = time.perf_counter()
-    jax.block_until_ready(_profile_program(spec, *args, n_verify, n_round))
+    jax.block_until_ready(_loops_program(spec, params, drafter, eos, state, n_verify, n_round))
     return time.perf_counter() - start
 
   loops = {"verify": lambda n: (n, 0)}
-  if args[1].num_nodes:
+  if drafter.num_nodes:
     loops["round"] = lambda n: (0, n)
-  counts = {"prefill": (0, 0)} | {(name, n): loops[name](n) for name in loops
-                                   for n in (repeats, 2 * repeats)}
+  counts = {(name, n): loops[name](n) for name in loops for n in (repeats, 2 * repeats)}
   walls = {key: [] for key in counts}
   for trial in range(trials + 1):  # interleaved, so drift in the machine's speed hits all alike
     for key, (n_verify, n_round) in counts.items():
@@ -578,20 +582,27 @@ def _profile(spec: _Spec, args: tuple, repeats: int, trials: int) -> dict[str, f
     short, long = np.asarray(walls[name, repeats]), np.asarray(walls[name, 2 * repeats])
     per_round[name] = ((long.min() - short.min()) / repeats, (long - short) / repeats)
 
+  prefill_trials = []  # the mean of `repeats` calls, per trial
+  for _ in range(trials):
+    start = time.perf_counter()
+    for _ in range(repeats):
+      out = _prefill_program(spec, *args[:-1], state.cache)
+    jax.block_until_ready(out)
+    prefill_trials.append((time.perf_counter() - start) / repeats)
+  prefill_trials = np.asarray(prefill_trials)
+
   def spread(per_trial: np.ndarray) -> float:
     return float(per_trial.max() - per_trial.min())
 
   t_verify, verify_trials = per_round["verify"]
   if "round" in per_round:
     t_round, round_trials = per_round["round"]
-    t_draft, draft_trials = t_round - t_verify, round_trials - verify_trials
+    t_draft, draft_spread = t_round - t_verify, spread(round_trials - verify_trials)
   else:
-    t_draft, draft_trials = 0.0, np.zeros(trials)
-  prefill_trials = np.asarray(walls["prefill"]) - draft_trials
+    t_draft, draft_spread = 0.0, 0.0
   return {
-      "t_prefill": float(np.min(walls["prefill"]) - t_draft),
-      "t_prefill_spread": spread(prefill_trials),
-      "t_draft": float(t_draft), "t_draft_spread": spread(draft_trials),
+      "t_prefill": float(prefill_trials.min()), "t_prefill_spread": spread(prefill_trials),
+      "t_draft": float(t_draft), "t_draft_spread": draft_spread,
       "t_verify": float(t_verify), "t_verify_spread": spread(verify_trials),
   }
 
