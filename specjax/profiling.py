@@ -9,7 +9,7 @@ forward with every block row's logits, the acceptance walk and the cache commit
   * `lm_head`:      what the LM head over T - 1 more rows costs: `forward` minus the same forward
                     that computes one row of logits;
   * `dead_slots`:   what attending the cache's not-yet-written slots costs: `forward` minus the
-                    same forward over a cache of exactly the live slots and the block;
+                    same forward over a cache of just the live slots and the block;
   * `accept`:       `verify.accept` on the block's logits (greedy, and sampled at T = 1);
   * `commit`:       `KVCache.commit` of the whole block;
   * `phase`:        the loop's whole verify phase (`profile_phases` with a chain of T - 1 nodes),
@@ -31,8 +31,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import checks, verify
-from specjax.decoding import profile_phases
+from specjax import checks, trees, verify
+from specjax.decoding import MIN_BUCKET, bucket_length, cache_length, profile_phases
+from specjax.drafters.oracle import Oracle
 from specjax.models import decoder
 from specjax.models.cache import KVCache
 from specjax.sampling import SamplingConfig
@@ -74,22 +75,31 @@ def _live_cache(target: Target, slots: int, live: int) -> KVCache:
                        length=jnp.full((1,), live, jnp.int32))
 
 
+# The forward loops move the block over this many cache positions, one per iteration, so that
+# what depends on the cache length (the attention mask, the rotary tables) is recomputed in each
+# iteration as in the decode loop, instead of being hoisted out of a loop whose length is fixed.
+_SHIFTS = 8
+
+
 def _forward_loop(target: Target, t: int, cache: KVCache, one_logit: bool, repeats: int,
                   trials: int) -> float:
   """Per-iteration seconds of the verify forward on T tokens. The carry holds the cache (each
-  forward writes the block into it), the tokens and a running max of the logits, which the
-  next tokens depend on: every layer and the LM head stay inside the loop."""
+  forward writes the block into it, one slot further each time, cyclically), the tokens and a
+  running max of the logits, which the next tokens depend on: every layer and the LM head stay
+  inside the loop."""
   cfg = target.config
-  positions = cache.length[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
+  live = cache.length
   mask = _chain_mask(t)
   index = jnp.full((1, 1), t - 1, jnp.int32) if one_logit else None
 
   def body(c):
     cache, tokens, top = c
+    positions = cache.length[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
     out = decoder.forward(cfg, target.params, tokens, positions, mask, cache, logits_index=index)
     top = jnp.maximum(top, jnp.max(out.logits).astype(jnp.float32))
     tokens = jnp.where(jnp.isnan(top), 0, tokens)
-    return out.cache, tokens, top
+    length = live + (cache.length - live + 1) % _SHIFTS
+    return out.cache.replace(length=length), tokens, top
 
   tokens = jnp.asarray(np.random.RandomState(t).randint(0, cfg.vocab_size, (1, t)), jnp.int32)
   return per_iteration(body, (cache, tokens, jnp.float32(-jnp.inf)), repeats, trials)
@@ -99,7 +109,6 @@ def _accept_loop(target: Target, t: int, sampling: SamplingConfig, repeats: int,
                  trials: int) -> float:
   """Per-iteration seconds of `verify.accept` on one block of logits; the carried logits take
   one in-place update from each result, so the walk cannot be hoisted."""
-  from specjax import trees
   v = target.config.vocab_size
   rs = np.random.RandomState(t)
   logits = jnp.asarray(rs.normal(size=(1, t, v)), jnp.float32)
@@ -129,7 +138,6 @@ def _commit_loop(cache: KVCache, t: int, repeats: int, trials: int) -> float:
 def _phase(target: Target, t: int, prompt_len: int, max_new: int, repeats: int,
            trials: int) -> float:
   """The loop's verify phase on a block of T: `profile_phases` with a chain of T - 1 nodes."""
-  from specjax.drafters.oracle import Oracle
   rs = np.random.RandomState(0)
   prompt = rs.randint(0, target.config.vocab_size, prompt_len).tolist()
   drafter = None
@@ -147,7 +155,6 @@ def verify_parts(target: Target, sizes: Sequence[int] = (1, 2, 4, 8, 16), *,
   batch 1, on a cache laid out as `generate` lays it out for a `prompt_len`-token prompt and
   `max_new` new tokens (the prompt's slots live). Each row also has `ratio`: phase / the T = 1
   phase (the cost of verifying T tokens in autoregressive steps)."""
-  from specjax.decoding import MIN_BUCKET, bucket_length, cache_length
   repeats = checks.integer("repeats", repeats, lo=1)
   trials = checks.integer("trials", trials, lo=1)
   limit = target.config.context_length
@@ -156,7 +163,7 @@ def verify_parts(target: Target, sizes: Sequence[int] = (1, 2, 4, 8, 16), *,
     t = checks.integer("block size", t, lo=1)
     slots = cache_length(bucket_length(prompt_len, limit), max_new, t - 1, limit)
     full = _live_cache(target, slots, prompt_len)
-    tight = _live_cache(target, max(prompt_len + t, MIN_BUCKET), prompt_len)
+    tight = _live_cache(target, max(prompt_len + _SHIFTS + t, MIN_BUCKET), prompt_len)
     forward = _forward_loop(target, t, full, False, repeats, trials)
     row = {"t": t, "cache_slots": slots, "forward": forward,
            "lm_head": forward - _forward_loop(target, t, full, True, repeats, trials),
