@@ -1,5 +1,6 @@
 """DFlash for the embedded target: a block of 8 (the last token and 7 masked positions) drafted
-in one pass by one Qwen3 layer over fused taps (2, 4, 6).
+in one pass by two Qwen3 layers (8 query and 8 KV heads) over fused taps (2, 4, 6), with a
+rank-32 causal correction (each depth conditioned on the token drafted one depth above).
 
   python -m experiments.train_drafter --config configs/dflash_stdlib.py
 
@@ -22,5 +23,5 @@ GAMMA = 4.0
 def get_config():
   cfg = drafter_config("dflash", train_steps=BLOCK - 1, learning_rate=2e-3, steps=1200,
                        distill_rows=8192, eval_depth=BLOCK - 1)
-  return dataclasses.replace(cfg, block_size=BLOCK, num_layers=1, num_anchors=64,
-                             step_decay=gamma_decay(GAMMA))
+  return dataclasses.replace(cfg, block_size=BLOCK, num_layers=2, num_kv_heads=8,
+                             correction_rank=32, num_anchors=64, step_decay=gamma_decay(GAMMA))
