@@ -25,7 +25,7 @@ import specjax
 from specjax import assets, compile_cache
 from specjax.benchmark import oracle_roofline
 from specjax.metrics import markdown_table
-from specjax.profiling import verify_parts
+from specjax.profiling import PARTS, verify_parts
 
 
 def large_random_target(dtype: str, compute_dtype: str) -> specjax.Target:
@@ -64,9 +64,8 @@ def parts(target, name: str, sizes, prompt_len: int, max_new: int, repeats: int)
   header = ["T", "cache slots", "forward", "LM head (T-1 rows)", "empty cache slots",
             "accept T=0", "accept T=1", "commit", "verify phase", "phase / t_step"]
   for line in markdown_table(header, [
-      [r["t"], r["cache_slots"], *(f"{r[k] * 1e3:.3f}" for k in (
-          "forward", "lm_head", "dead_slots", "accept", "accept_sampled", "commit", "phase")),
-       f"{r['ratio']:.2f}"] for r in rows]):
+      [r["t"], r["cache_slots"], *(f"{r[k] * 1e3:.3f}" for k in PARTS), f"{r['ratio']:.2f}"]
+      for r in rows]):
     print(line, flush=True)
   return rows
 
@@ -88,13 +87,11 @@ def main(argv=None):
   chains = [int(c) for c in args.chains.split(",") if c]
   sizes = [int(t) for t in args.parts.split(",") if t]
   for name in args.targets.split(","):
-    which = name
-    if which == "embedded":
-      which = assets.TARGET_DIR
-    if which == "large":
+    if name == "large":
       target = large_random_target(args.dtype, args.compute_dtype)
     else:
-      target = specjax.load_target(which, dtype=args.dtype, compute_dtype=args.compute_dtype)
+      target = specjax.load_target(assets.TARGET_DIR if name == "embedded" else name,
+                                   dtype=args.dtype, compute_dtype=args.compute_dtype)
     if chains:
       roofline(target, name, chains, args.prompt_len, args.max_new_tokens, args.repeats)
     if sizes:

@@ -39,6 +39,7 @@ from specjax.models.cache import KVCache
 from specjax.sampling import SamplingConfig
 from specjax.target import Target
 
+# Each row's timed parts, in seconds (the order `bench_roofline` prints them in).
 PARTS = ("forward", "lm_head", "dead_slots", "accept", "accept_sampled", "commit", "phase")
 
 
@@ -59,10 +60,6 @@ def per_iteration(body: Callable[[Any], Any], carry: Any, repeats: int, trials: 
     short.append(wall(repeats))
     long.append(wall(2 * repeats))
   return (min(long) - min(short)) / repeats
-
-
-def _chain_mask(t: int) -> jax.Array:
-  return jnp.tril(jnp.ones((1, t, t), bool))
 
 
 def _live_cache(target: Target, slots: int, live: int) -> KVCache:
@@ -89,7 +86,7 @@ def _forward_loop(target: Target, t: int, cache: KVCache, one_logit: bool, repea
   inside the loop."""
   cfg = target.config
   live = cache.length
-  mask = _chain_mask(t)
+  mask = decoder.causal_mask(jnp.full((1,), t, jnp.int32), t)
   index = jnp.full((1, 1), t - 1, jnp.int32) if one_logit else None
 
   def body(c):
