@@ -132,8 +132,8 @@ def load_prompts(target: Target, dataset: str, cfg: BenchmarkConfig) -> list[lis
 
 def run_methods(target: Target, runs: Sequence[tuple[str, dict[str, Any] | None]],
                 prompts: Sequence[list[int]], cfg: BenchmarkConfig, bar=None, *,
-                repeats: int = 1, profile: bool = True, batch_size: int = 1
-                ) -> list[dict[str, Any]]:
+                repeats: int = 1, profile: bool = True, batch_size: int = 1,
+                phase_memo: dict | None = None) -> list[dict[str, Any]]:
   """Each (method, builder options or None for the config's) on every prompt.
 
   The runs are interleaved prompt by prompt (prompt 0 with every method, then prompt 1, ...), so
@@ -144,12 +144,18 @@ def run_methods(target: Target, runs: Sequence[tuple[str, dict[str, Any] | None]
   in batches of that many rows (ragged acceptance across rows; tau and `target_calls` then pool
   the calls each row took part in); `profile=False` skips the phase
   timings, which compile programs of their own.
+
+  A method's phase timings depend on its shapes (its tree, the padded prompt length, the new
+  tokens, the sampling mode), not on which prompt it decodes: `phase_memo`, a dict shared by the
+  calls of one run (e.g. one per dataset), keeps them by method, options and padded length, and
+  a later call reuses them (its records say `phases_reused`) instead of timing them again.
   """
   # One padded length for every prompt (one program per method), a power of two as generate's
   # own buckets: runs over other prompts of a similar length then share the compiled programs.
   pad_to = bucket_length(max(len(p) for p in prompts), target.config.max_position_embeddings)
   groups = [list(prompts[i:i + batch_size]) for i in range(0, len(prompts), batch_size)]
   setups = []
+  phase_memo = {} if phase_memo is None else phase_memo
   for method, options in runs:
     options = cfg.options_for(method) if options is None else options
     drafter = None if method == AR else build_drafter(method, target, cfg, options)
@@ -157,12 +163,12 @@ def run_methods(target: Target, runs: Sequence[tuple[str, dict[str, Any] | None]
                   temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
                   eos_token_id=[], pad_to=pad_to)
     generate(target, groups[0], seed=cfg.seed, **kwargs)  # warm-up: compile, first calls
-    setups.append((method, drafter, kwargs))
+    setups.append((method, drafter, kwargs, (method, repr(sorted(options.items())), pad_to)))
   acc = [{"tokens": 0, "calls": 0, "walls": [0.0] * repeats, "hist": None, "outputs": []}
          for _ in runs]
   for rep in range(repeats):
     for i, group in enumerate(groups):
-      for (_, _, kwargs), a in zip(setups, acc):
+      for (_, _, kwargs, _), a in zip(setups, acc):
         r = generate(target, group, seed=cfg.seed + i, **kwargs)
         a["walls"][rep] += r.stats.wall_seconds
         if bar is not None:
@@ -175,8 +181,14 @@ def run_methods(target: Target, runs: Sequence[tuple[str, dict[str, Any] | None]
         a["hist"] = h if a["hist"] is None else a["hist"] + h
         a["outputs"] += r.tokens
   records = []
-  for (method, drafter, _), a in zip(setups, acc):
+  for (method, drafter, _, phase_key), a in zip(setups, acc):
     alpha = metrics.acceptance_by_depth(a["hist"])  # None where never reached (JSON)
+    phases = {}
+    if profile:
+      reused = phase_key in phase_memo
+      if not reused:
+        phase_memo[phase_key] = phase_timings(target, drafter, prompts[:1], cfg, pad_to)
+      phases = {**phase_memo[phase_key], "phases_reused": reused}
     records.append({
         "method": method, "tau": metrics.tau(a["tokens"], a["calls"]),
         "tokens_per_second": repeats * a["tokens"] / sum(a["walls"]),
@@ -185,7 +197,7 @@ def run_methods(target: Target, runs: Sequence[tuple[str, dict[str, Any] | None]
         "acceptance_by_depth": alpha, "accepted_by_depth": a["hist"].tolist(),
         "batch_size": batch_size, "outputs": a["outputs"],
         "draft_nodes": 0 if drafter is None else drafter.num_nodes,
-        **(phase_timings(target, drafter, prompts[:1], cfg, pad_to) if profile else {}),
+        **phases,
         **({} if target.mesh is None or drafter is None
            else {"param_bytes": param_bytes(drafter, target.mesh)})})
   return records
@@ -319,7 +331,10 @@ def layout_lines(mesh_layout: dict[str, Any]) -> list[str]:
 
 FOOTNOTE = (f"± is the spread (max - min) of a timing across trials; `?` marks a figure that is "
             f"not positive, whose spread exceeds {MAX_RELATIVE_SPREAD:.0%} of it, that rests on "
-            f"such a timing, or a loop efficiency above 100%.")
+            f"such a timing, or a loop efficiency above 100%. The phase timings (draft, verify, "
+            f"prefill ms) depend on a method's shapes, not on its prompts: each is measured once "
+            f"per method and padded prompt length, on the first prompt of the first dataset "
+            f"that needs it.")
 
 
 def markdown(records: list[dict[str, Any]], cfg: BenchmarkConfig,
@@ -438,13 +453,14 @@ def run(cfg: BenchmarkConfig, report: Callable[[str], None] | None = None
   target = configured_target(cfg)
   methods = methods_of(cfg, target)
   prompts = {dataset_name(d): load_prompts(target, d, cfg) for d in datasets_of(cfg)}
-  records = []
+  records, phase_memo = [], {}
   total = sum(len(p) for p in prompts.values()) * len(methods)
   with tqdm(total=total, desc="benchmark", dynamic_ncols=True) as bar:
     for dataset, rows in prompts.items():
       bar.set_postfix(dataset=dataset)
       group = [dict(r, dataset=dataset)
-               for r in run_methods(target, [(m, None) for m in methods], rows, cfg, bar)]
+               for r in run_methods(target, [(m, None) for m in methods], rows, cfg, bar,
+                                    phase_memo=phase_memo)]
       _finish(group)
       records += group
       if report is not None and distributed.is_main_process():

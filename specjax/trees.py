@@ -332,8 +332,10 @@ def grow_dynamic_tree(root_logp: jax.Array, expand, carry, *, depth: int, top_k:
     front_cand = (k + (level - 1) * k * k + flat).astype(jnp.int32)
   scores, tokens, parents = (jnp.concatenate(x, axis=1) for x in (scores, tokens, parents))
   depth_all = jnp.asarray(np.concatenate(depths))
-  _, keep = jax.lax.top_k(scores, num_nodes)
-  keep = jnp.sort(keep, axis=1)  # candidate order: parents first
+  if num_nodes == most:  # every candidate is kept (a chain's nodes, say): nothing to select
+    keep = jnp.broadcast_to(jnp.arange(most, dtype=jnp.int32), (b, most))
+  else:
+    keep = jnp.sort(jax.lax.top_k(scores, num_nodes)[1], axis=1)  # candidate order: parents first
   parent_cand = jnp.take_along_axis(parents, keep, axis=1)
   # Position of each node's parent among the kept candidates (-1 under the root).
   match = keep[:, None, :] == parent_cand[:, :, None]  # [B, N, N]

@@ -17,10 +17,23 @@ def _reject_nan(name):
 
 
 def test_benchmark_runs_and_reports(tmp_path):
-  cfg = BenchmarkConfig(methods=(AR, "prompt_lookup", "eagle3"), datasets=("humaneval",),
-                        num_prompts=2, max_new_tokens=16, profile_repeats=4, out=str(tmp_path))
-  records = run(cfg)
+  """Two datasets whose prompts pad to the same length: the second reuses the first's phase
+  timings (they depend on shapes, not prompts) and says so; every other figure is its own."""
+  prompt_file = tmp_path / "long_prompts.jsonl"
+  long_text = "def f(x):\n    return x + 1\n" * 60  # cut to max_prompt_tokens: HumanEval's pad
+  prompt_file.write_text("\n".join(json.dumps(long_text + str(i)) for i in range(2)) + "\n")
+  cfg = BenchmarkConfig(methods=(AR, "prompt_lookup", "eagle3"),
+                        datasets=("humaneval", str(prompt_file)), num_prompts=2,
+                        max_new_tokens=16, profile_repeats=4, out=str(tmp_path / "out"))
+  both = run(cfg)
+  assert [r["dataset"] for r in both] == ["humaneval"] * 3 + ["long_prompts"] * 3
+  records, again = both[:3], both[3:]
   assert [r["method"] for r in records] == [AR, "prompt_lookup", "eagle3"]
+  for first, second in zip(records, again):
+    assert not first["phases_reused"] and second["phases_reused"], first["method"]
+    for name in ("t_prefill", "t_draft", "t_verify"):
+      assert second[f"{name}_ms"] == first[f"{name}_ms"], (first["method"], name)
+    assert second["outputs"] != first["outputs"] and second["matches_autoregressive"]
   ar = records[0]
   assert ar["speedup"] == pytest.approx(1.0) and ar["ideal_speedup_e2e"] == pytest.approx(1.0)
   for r in records:
@@ -32,15 +45,17 @@ def test_benchmark_runs_and_reports(tmp_path):
     assert r["unreliable"] == bool(r["unreliable_figures"])
   assert records[0]["t_draft_ms"] == 0 and records[0]["t_draft_spread_ms"] == 0  # no draft phase
   assert records[2]["tau"] > 1.5 and records[2]["t_draft_ms"] > 0
+  tmp_path = tmp_path / "out"
   saved = json.loads((tmp_path / "results.json").read_text(), parse_constant=_reject_nan)
-  assert len(saved["records"]) == 3
+  assert len(saved["records"]) == 6
   assert "layout" not in saved and saved["config"]["mesh"] is None  # one device: as before
   block = saved["provenance"]
   assert block["versions"]["jax"] and block["versions"]["numpy"] and block["backend"]
   assert block["devices"] and block["date_utc"].endswith("Z") and block["command"]
   assert block["config"] == saved["config"]
   table = (tmp_path / "results.md").read_text()
-  assert table == markdown(records, cfg, provenance.header(block)) and "| eagle3 |" in table
+  assert table == markdown(both, cfg, provenance.header(block)) and "| eagle3 |" in table
+  assert "### humaneval " in table and "### long_prompts " in table
   assert table.startswith("Measured with specjax ") and "Mesh:" not in table
   assert os.path.exists(tmp_path / "speedup.png")
 
