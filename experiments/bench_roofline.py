@@ -13,19 +13,26 @@ compute-bound, so verifying N + 1 tokens costs well over one step and the bound 
 Then, per block size T = N + 1, where a verify step's time goes (`specjax.profiling`): the target
 forward, the LM head's share (T - 1 more rows of logits), attending the cache's empty slots,
 acceptance (greedy and sampled), the cache commit, and the loop's whole verify phase.
+
+Last, the kernels of one decode round, from JAX's profiler (`specjax.profiling.kernel_times`):
+per phase and part (verify/attention, verify/mlp, draft/..., with their norms and residual
+adds), how many kernels it launches and their time, for autoregressive decoding, an oracle
+chain of N (`chainN`) and any drafter available for the target (`--kernels`).
 """
 
 from __future__ import annotations
 
 import argparse
 
+import jax.numpy as jnp
 import numpy as np
 
 import specjax
-from specjax import assets, compile_cache
+from specjax import assets, compile_cache, drafters
 from specjax.benchmark import oracle_roofline
+from specjax.drafters.oracle import Oracle
 from specjax.metrics import markdown_table
-from specjax.profiling import PARTS, verify_parts
+from specjax.profiling import PARTS, kernel_times, verify_parts
 
 
 def large_random_target(dtype: str, compute_dtype: str) -> specjax.Target:
@@ -70,6 +77,48 @@ def parts(target, name: str, sizes, prompt_len: int, max_new: int, repeats: int)
   return rows
 
 
+def kernel_drafter(target, spec: str, prompt_len: int, max_new: int):
+  """The drafter a `--kernels` entry names: None (autoregressive), an oracle chain of N for
+  'chainN' (its tokens random: a round's kernels do not depend on what it accepts), else the
+  registered drafter; ValueError for one the target has no drafter of."""
+  if spec == "autoregressive":
+    return None
+  if spec.startswith("chain") and spec[5:].isdigit():
+    reference = np.random.RandomState(1).randint(0, target.config.vocab_size, (1, max_new))
+    return Oracle(jnp.asarray(reference, jnp.int32), jnp.asarray([prompt_len], jnp.int32),
+                  num_tokens=int(spec[5:]))
+  if spec not in drafters.available(target):
+    raise ValueError(f"{spec!r} is not available for this target (available: autoregressive, "
+                     f"chainN, {', '.join(drafters.available(target)) or 'no drafter'})")
+  return drafters.build(spec, target)
+
+
+def kernels(target, name: str, specs, prompt_len: int, max_new: int):
+  rs = np.random.RandomState(0)
+  prompt = rs.randint(0, target.config.vocab_size, size=prompt_len).tolist()
+  columns = {}
+  for spec in specs:
+    try:
+      drafter = kernel_drafter(target, spec, prompt_len, max_new)
+    except ValueError as e:
+      print(f"\n{spec}: skipped, {e}")
+      continue
+    columns[spec] = kernel_times(target, [prompt], drafter=drafter, max_new_tokens=max_new)
+  if not columns:
+    return columns
+  scopes = sorted({s for c in columns.values() for s in c if s != "total"},
+                  key=lambda s: -max(c.get(s, {}).get("seconds", 0.0) for c in columns.values()))
+  print(f"\n### {name}: kernels per decode round (count, ms of their summed medians), "
+        f"prompt {prompt_len}, batch 1\n")
+  header = ["phase/part"] + [f"{spec} {what}" for spec in columns for what in ("kernels", "ms")]
+  rows = [[scope] + [cell for c in columns.values() for cell in (
+      (f"{c[scope]['kernels']:.0f}", f"{c[scope]['seconds'] * 1e3:.3f}") if scope in c
+      else ("-", "-"))] for scope in scopes + ["total"]]
+  for line in markdown_table(header, rows):
+    print(line, flush=True)
+  return columns
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   compile_cache.add_arguments(parser)
@@ -82,10 +131,14 @@ def main(argv=None):
   parser.add_argument("--compute-dtype", default="float32", help="activation / cache dtype")
   parser.add_argument("--parts", default="1,2,4,8,16",
                       help="block sizes of the verify-step breakdown ('' skips it)")
+  parser.add_argument("--kernels", default="autoregressive,chain8,eagle",
+                      help="rounds whose kernels to profile: autoregressive, chainN (an oracle "
+                      "chain of N) or a drafter available for the target ('' skips it)")
   args = parser.parse_args(argv)
   compile_cache.from_args(args)
   chains = [int(c) for c in args.chains.split(",") if c]
   sizes = [int(t) for t in args.parts.split(",") if t]
+  kernel_specs = [k for k in args.kernels.split(",") if k]
   for name in args.targets.split(","):
     if name == "large":
       target = large_random_target(args.dtype, args.compute_dtype)
@@ -96,6 +149,8 @@ def main(argv=None):
       roofline(target, name, chains, args.prompt_len, args.max_new_tokens, args.repeats)
     if sizes:
       parts(target, name, sizes, args.prompt_len, args.max_new_tokens, args.repeats)
+    if kernel_specs:
+      kernels(target, name, kernel_specs, args.prompt_len, args.max_new_tokens)
 
 
 if __name__ == "__main__":

@@ -212,6 +212,7 @@ def _prefill(spec: _Spec, params, drafter, prompts, prompt_lens, live, eos_ids, 
       sampling=sampling, max_new=max_new))
 
 
+@jax.named_scope("draft")
 def _draft_phase(spec: _Spec, params, drafter, s: DecodeState):
   rng, draft_key, accept_key = jax.random.split(s.rng, 3)
   view = TargetView(spec.config, s.sampling, params)
@@ -220,6 +221,7 @@ def _draft_phase(spec: _Spec, params, drafter, s: DecodeState):
   return tree, s.replace(cache=cache, drafter_state=drafter_state, rng=rng), accept_key
 
 
+@jax.named_scope("verify")
 def _verify_phase(spec: _Spec, params, drafter, eos_ids, tree, s: DecodeState, accept_key
                   ) -> DecodeState:
   """Verify [pending | tree] in one target call, accept, commit, append, update the drafter."""
@@ -229,7 +231,8 @@ def _verify_phase(spec: _Spec, params, drafter, eos_ids, tree, s: DecodeState, a
   positions = s.cache.length[:, None] + trees.positions_offsets(tree)
   out = decoder.forward(cfg, params, block, positions, trees.verify_mask(tree), s.cache,
                         hidden_layers=drafter.hidden_layers)
-  acc = verify.accept(tree, out.logits, s.sampling, accept_key)
+  with jax.named_scope("accept"):
+    acc = verify.accept(tree, out.logits, s.sampling, accept_key)
 
   live = ~s.done
   n_emit = jnp.where(live, acc.n_accepted + 1, 0)  # accepted nodes + the bonus token
@@ -240,11 +243,14 @@ def _verify_phase(spec: _Spec, params, drafter, eos_ids, tree, s: DecodeState, a
   hist_len = s.hist_len + n_emit
   emitted_eos = jnp.any(_is_eos(acc.tokens, eos_ids) & (idx < n_emit[:, None]), axis=1)
   view = TargetView(cfg, s.sampling, params)
-  drafter_state = drafter.update(view, s.drafter_state, RoundResult(
-      tree, acc, block, out.logits, out.hidden, live, history, hist_len))
+  with jax.named_scope("drafter_update"):
+    drafter_state = drafter.update(view, s.drafter_state, RoundResult(
+        tree, acc, block, out.logits, out.hidden, live, history, hist_len))
   depth_bin = jnp.where(live, acc.n_accepted, drafter.num_nodes + 1)  # dead rows: dropped
+  with jax.named_scope("commit"):
+    cache = out.cache.commit(acc.path, n_emit)  # keeps the root + accepted nodes
   return s.replace(
-      cache=out.cache.commit(acc.path, n_emit),  # keeps the root + accepted nodes
+      cache=cache,
       history=history, hist_len=hist_len,
       done=s.done | emitted_eos | (hist_len - s.prompt_len >= s.max_new),
       calls=s.calls + live, rounds=s.rounds + 1,
@@ -557,6 +563,38 @@ def _loops_program(spec: _Spec, params, drafter, eos_ids, state: DecodeState, n_
       0, n_verify, lambda i, s: _verify_phase(spec, params, drafter, eos_ids, tree, s, key), state)
   return jax.lax.fori_loop(
       0, n_round, lambda i, s: _round(spec, params, drafter, eos_ids, s), state)
+
+
+def round_loop(target: Target, prompts, *, drafter: Drafter | None = None,
+               max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
+               top_p: float = 1.0, pad_to: int | None = None):
+  """`profile_phases`' loops program on a prefilled state, for tools that look inside it (e.g.
+  `specjax.profiling.kernel_times`): returns `(run, hlo)`, where `run(n)` runs n whole rounds
+  (draft, then verify) from the prefilled state and waits for them, and `hlo` is the compiled
+  program's optimized HLO text (whose instruction names are the kernels a profiler sees)."""
+  drafter = NoDrafter() if drafter is None else drafter
+  spec, args, _ = _setup(target, prompts, max_new_tokens, drafter,
+                         SamplingConfig(temperature, top_k, top_p), 0, [], pad_to)
+  params, drafter, eos = args[0], args[1], args[5]
+  with _mesh_context(spec.mesh):
+    state = _prefill_program(spec, *args)
+    lowered = _loops_program.lower(spec, params, drafter, eos, state, 0, 0)
+    # The op metadata (named scopes) is the point here, and the persistent cache's keys leave
+    # it out by default: an entry compiled from an older version of the code would come back
+    # with that version's metadata.
+    key_option = "jax_compilation_cache_include_metadata_in_key"
+    before = getattr(jax.config, key_option)
+    jax.config.update(key_option, True)
+    try:
+      compiled = lowered.compile()
+    finally:
+      jax.config.update(key_option, before)
+
+  def run(n: int) -> DecodeState:
+    with _mesh_context(spec.mesh):
+      return jax.block_until_ready(compiled(params, drafter, eos, state, 0, n))
+
+  return run, compiled.as_text()
 
 
 def _profile(spec: _Spec, args: tuple, repeats: int, trials: int) -> dict[str, float]:

@@ -19,10 +19,23 @@ forward with every block row's logits, the acceptance walk and the cache commit
 Each part runs inside a `lax.fori_loop` whose carry feeds the next iteration (nothing is hoisted
 out of the loop or dropped as dead), timed as the difference between 2 * repeats and repeats
 iterations, fastest of `trials` runs each, so dispatch and the call's fixed cost cancel.
+
+`kernel_times` looks inside a whole decode round instead, with JAX's profiler: every kernel the
+compiled program runs (an XLA fusion, a dot, a copy), filed by the named scopes the model and
+the loop set (`PHASE_SCOPES`, `PART_SCOPES`: e.g. `verify/attend`, `draft/mlp`), with how many
+kernels each part launches per round. On a CPU a small model's step is often more kernels than
+arithmetic, which the timings alone do not show.
 """
 
 from __future__ import annotations
 
+import collections
+import glob
+import gzip
+import json
+import os
+import re
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -32,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import checks, trees, verify
-from specjax.decoding import MIN_BUCKET, bucket_length, cache_length, profile_phases
+from specjax.decoding import MIN_BUCKET, bucket_length, cache_length, profile_phases, round_loop
 from specjax.drafters.oracle import Oracle
 from specjax.models import decoder
 from specjax.models.cache import KVCache
@@ -177,3 +190,104 @@ def verify_parts(target: Target, sizes: Sequence[int] = (1, 2, 4, 8, 16), *,
   for r in rows:
     r["ratio"] = r["phase"] / base
   return rows
+
+
+# ------------------------------------------------------------------------------------------------
+# Kernels: what a compiled round launches, by named scope
+
+# The named scopes (`jax.named_scope`) of the decode loop's phases, and of the parts of a forward
+# (each decoder layer's attention and MLP sublayers, with their norms and residual adds) and of
+# a verify phase, as the model and the loop set them. A kernel is filed under its phase and the
+# innermost part in its HLO op_name ("other" where there is none).
+PHASE_SCOPES = ("draft", "verify")
+PART_SCOPES = ("embed", "attention", "mlp", "lm_head", "accept", "drafter_update", "commit")
+# Instructions whose kernels run others inside them: their spans would count those twice.
+_CONTROL_OPS = ("while", "conditional", "call")
+_INSTRUCTION = re.compile(r"\s*(?:ROOT\s+)?%?([^\s=]+)\s+=\s+.*?\s([a-z][\w-]*)\(")
+_OP_NAME = re.compile(r'op_name="([^"]*)"')
+_OPERAND = re.compile(r"%([^\s,()]+)")
+
+
+def hlo_scopes(hlo: str) -> dict[str, str]:
+  """Instruction name -> its scope (`scope_of` its op_name) for every instruction of an
+  optimized HLO text that is not control flow. An instruction that XLA rewrote without
+  metadata (on CPU, many dots) takes the scope of its first operand that has one (a dot's
+  activations, which the same sublayer computed), else of a user."""
+  op_names = {}
+  operands, users = collections.defaultdict(list), collections.defaultdict(list)
+  for line in hlo.splitlines():
+    m = _INSTRUCTION.match(line)
+    if m is None or m.group(2) in _CONTROL_OPS:
+      continue
+    name = m.group(1)
+    op = _OP_NAME.search(line)
+    op_names[name] = op.group(1) if op else None
+    for operand in _OPERAND.findall(line[m.end():]):
+      users[operand].append(name)
+      operands[name].append(operand)
+  scopes = {n: scope_of(op) for n, op in op_names.items() if op}
+  for _ in range(4):  # a chain of unnamed instructions fills in over a few passes
+    for name in op_names.keys() - scopes.keys():
+      known = next((x for x in operands[name] + users[name] if x in scopes), None)
+      if known is not None:
+        scopes[name] = scopes[known]
+  return {n: scopes.get(n, "other/other") for n in op_names}
+
+
+def scope_of(op_name: str) -> str:
+  """'phase/part' of a jax name stack such as `jit(f)/while/body/verify/mlp/dot_general`: the
+  first of PHASE_SCOPES and the last of PART_SCOPES in it, each 'other' when absent."""
+  parts = op_name.split("/")
+  phase = next((p for p in parts if p in PHASE_SCOPES), "other")
+  part = next((p for p in reversed(parts) if p in PART_SCOPES), "other")
+  return f"{phase}/{part}"
+
+
+def _trace_events(run: Callable[[], Any]) -> list[dict]:
+  """The complete ('X') events of a profiler trace of `run()`."""
+  with tempfile.TemporaryDirectory() as folder:
+    with jax.profiler.trace(folder, create_perfetto_trace=True):
+      run()
+    paths = glob.glob(os.path.join(folder, "plugins", "profile", "*", "perfetto_trace.json.gz"))
+    if not paths:
+      raise RuntimeError(f"the profiler wrote no trace under {folder}")
+    with gzip.open(paths[0], "rt") as f:
+      trace = json.load(f)
+  events = trace["traceEvents"] if isinstance(trace, dict) else trace
+  return [e for e in events if e.get("ph") == "X"]
+
+
+def kernel_times(target: Target, prompts, *, drafter=None, rounds: int = 20, trials: int = 3,
+                 max_new_tokens: int = 64, temperature: float = 0.0, pad_to: int | None = None
+                 ) -> dict[str, dict[str, float]]:
+  """Per round of `generate`'s loop (draft, then verify; `decoding.round_loop`), by scope
+  ('phase/part', see `scope_of`): {"kernels": how many it launches, "seconds": their time},
+  and "total" over all scopes.
+
+  One profiler trace of `trials` runs of `rounds` rounds each. A kernel of the round launches
+  at least once per round (more inside a loop of its own); the few that launch less (the call's
+  own, the first draft) are left out. A kernel's time is its median duration, which keeps the
+  odd preempted launch out, times its launches per round. Kernels that run concurrently (XLA
+  CPU runs independent ones on its threads) each count in full, and the profiler's own cost is
+  in every launch, so the seconds can add up to more than the round's wall time: use them for
+  where the time goes, and `decoding.profile_phases` for how long a round takes."""
+  rounds = checks.integer("rounds", rounds, lo=1)
+  trials = checks.integer("trials", trials, lo=1)
+  run, hlo = round_loop(target, prompts, drafter=drafter, max_new_tokens=max_new_tokens,
+                        temperature=temperature, pad_to=pad_to)
+  scopes = hlo_scopes(hlo)
+  run(rounds)  # the first call loads the executable and warms the caches
+  durations = collections.defaultdict(list)
+  for e in _trace_events(lambda: [run(rounds) for _ in range(trials)]):
+    if e.get("name") in scopes:
+      durations[e["name"]].append(e.get("dur", 0.0) * 1e-6)  # microseconds
+  per_round = trials * rounds
+  out = collections.defaultdict(lambda: {"kernels": 0.0, "seconds": 0.0})
+  for name, durs in durations.items():
+    if len(durs) >= per_round:
+      launches = len(durs) / per_round
+      out[scopes[name]]["kernels"] += launches
+      out[scopes[name]]["seconds"] += float(np.median(durs)) * launches
+  out = dict(sorted(out.items(), key=lambda kv: -kv[1]["seconds"]))
+  out["total"] = {name: sum(v[name] for v in out.values()) for name in ("kernels", "seconds")}
+  return out

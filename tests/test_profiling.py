@@ -1,12 +1,14 @@
-"""`specjax.profiling.verify_parts`: the verify-step breakdown behind `bench_roofline`."""
+"""`specjax.profiling`: the verify-step breakdown (`verify_parts`) and the kernels of a round
+(`kernel_times`) behind `bench_roofline`."""
 
 import math
 
 import pytest
 
 import specjax
+from specjax import drafters
 from specjax.decoding import bucket_length, cache_length
-from specjax.profiling import PARTS, verify_parts
+from specjax.profiling import PARTS, hlo_scopes, kernel_times, scope_of, verify_parts
 
 
 @pytest.fixture(scope="module")
@@ -34,3 +36,60 @@ def test_rows_per_block_size(target):
 def test_bad_sizes(target):
   with pytest.raises(ValueError, match="block size"):
     verify_parts(target, (0,), prompt_len=8, max_new=8, repeats=1, trials=1)
+
+
+def test_scope_of_a_name_stack():
+  assert scope_of("jit(_loops_program)/while/body/verify/attention/dot_general") == (
+      "verify/attention")
+  assert scope_of("jit(f)/while/body/draft/attention/mlp/mul") == "draft/mlp"  # innermost part
+  assert scope_of("jit(f)/while/body/verify/add") == "verify/other"
+  assert scope_of("") == "other/other"
+
+
+def test_hlo_scopes_fill_in_instructions_without_metadata():
+  """A dot that XLA rewrote without metadata takes its first named operand's scope; control
+  flow is left out (its span would hold the kernels inside it)."""
+  hlo = "\n".join([
+      '  %fusion.1 = f32[1,8]{1,0} fusion(%p.0), kind=kLoop, calls=%c.1, '
+      'metadata={op_name="jit(f)/while/body/verify/mlp/mul"}',
+      "  %dot.2 = f32[1,4]{1,0} dot(%fusion.1, %p.1), lhs_contracting_dims={1}",
+      '  %while.3 = (f32[1,4]{1,0}) while(%tuple.1), condition=%cond, body=%body',
+      '  ROOT %fusion.4 = f32[1,4]{1,0} fusion(%dot.2), kind=kLoop, calls=%c.2, '
+      'metadata={op_name="jit(f)/while/body/verify/accept/max"}'])
+  scopes = hlo_scopes(hlo)
+  assert scopes["fusion.1"] == "verify/mlp" and scopes["dot.2"] == "verify/mlp"
+  assert scopes["fusion.4"] == "verify/accept" and "while.3" not in scopes
+
+
+@pytest.mark.parametrize("method", ["autoregressive", "prompt_lookup"])
+def test_kernel_times_of_a_round(target, method):
+  """Every round launches the target's layers and LM head under the verify phase; a drafter's
+  own kernels are filed under draft; the totals add up the scopes."""
+  drafter = None if method == "autoregressive" else drafters.build(method, target)
+  out = kernel_times(target, [list(range(1, 21))], drafter=drafter, rounds=3, trials=1,
+                     max_new_tokens=16)
+  total = out.pop("total")
+  assert {"verify/attention", "verify/mlp", "verify/lm_head"} <= out.keys()
+  assert all(v["kernels"] >= 1 and math.isfinite(v["seconds"]) for v in out.values())
+  assert total["kernels"] == pytest.approx(sum(v["kernels"] for v in out.values()))
+  assert total["seconds"] == pytest.approx(sum(v["seconds"] for v in out.values()))
+  assert out["verify/attention"]["kernels"] >= target.config.num_layers
+  if drafter is not None:
+    assert any(scope.startswith("draft/") for scope in out)
+
+
+def test_kernel_times_bad_rounds(target):
+  with pytest.raises(ValueError, match="rounds"):
+    kernel_times(target, [[1, 2, 3]], rounds=0)
+
+
+def test_bench_roofline_kernel_table(target, capsys):
+  """`bench_roofline --kernels`: a column pair per entry (autoregressive, an oracle chain), and a
+  drafter the target has none of is skipped with the ones it has named."""
+  from experiments import bench_roofline
+  columns = bench_roofline.kernels(target, "tiny", ["autoregressive", "chain2", "eagle"], 20, 16)
+  assert list(columns) == ["autoregressive", "chain2"]
+  out = capsys.readouterr().out
+  assert "eagle: skipped, 'eagle' is not available for this target" in out
+  assert "| phase/part | autoregressive kernels | autoregressive ms | chain2 kernels |" in out
+  assert "| verify/attention |" in out and "| total |" in out

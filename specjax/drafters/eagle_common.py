@@ -60,14 +60,17 @@ class DraftLayer(layers.Attention):
     self.mlp = layers.MLP(cfg, rngs)
     self.rope = (cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)  # static; tables at trace time
 
+  @jax.named_scope("attention")
   def qkv(self, x: jax.Array, positions: jax.Array):
     """x: [B, T, attn_in], positions int32[B, T] -> q [B, T, H, D], k, v [B, T, K, D]."""
     cos, sin = layers.rope_tables(positions, layers.rope_inv_freq(*self.rope))
     return self.project(x, cos, sin)
 
   def finish(self, residual: jax.Array, attn_out: jax.Array) -> jax.Array:
-    x = residual + self.output(attn_out)
-    return x + self.mlp(self.post_attention_layernorm(x))
+    with jax.named_scope("attention"):
+      x = residual + self.output(attn_out)
+    with jax.named_scope("mlp"):
+      return x + self.mlp(self.post_attention_layernorm(x))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -164,9 +167,10 @@ class EagleDrafter(learned.LearnedDrafter):
     """Runs the layer on [B, T] pairs, writing their K/V at `write_at`; mask: bool[B, T, S_d]."""
     attn_in, resid = net.inputs(h, emb)
     q, k, v = net.layer.qkv(attn_in, positions)
-    cache = cache.replace(length=write_at).write(0, k, v)
-    out = attention.xla_attention(q, cache.k[0], cache.v[0], None, mask,
-                                  sm_scale=net.layer.sm_scale)
+    with jax.named_scope("attention"):
+      cache = cache.replace(length=write_at).write(0, k, v)
+      out = attention.xla_attention(q, cache.k[0], cache.v[0], None, mask,
+                                    sm_scale=net.layer.sm_scale)
     return net.layer.finish(resid, out), cache
 
   def init(self, target: TargetView, prefill: Prefill) -> EagleState:
@@ -188,6 +192,7 @@ class EagleDrafter(learned.LearnedDrafter):
     return EagleState(cache.replace(length=n_fed), jnp.concatenate([pending, pad], axis=1),
                       jnp.ones((b,), jnp.int32))
 
+  @jax.named_scope("lm_head")
   def _logits(self, net, h: jax.Array, recent: learned.RecentVocab | None) -> jax.Array:
     """[B, ..., Vd (+ recent_tokens)] draft logits of h: [B, ..., E]."""
     return learned.with_recent(net.logits(h, self.head), net.head_input(h), recent)

@@ -61,6 +61,7 @@ class Decoder(nnx.Module):
       logits = self.lm_head(normed)
     return softcap(logits, self.config.final_logit_softcapping)
 
+  @jax.named_scope("lm_head")
   def head(self, x: jax.Array) -> jax.Array:
     """Final norm + LM head: [..., E] residual stream -> [..., V] logits."""
     return self.unembed(self.norm(x))
@@ -78,7 +79,8 @@ class Decoder(nnx.Module):
         tables[key] = rope_tables(positions, rope_inv_freq(cfg.head_dim, *key))
       return tables[key]
 
-    x = scale_embeddings(cfg, self.embed_tokens(tokens))
+    with jax.named_scope("embed"):
+      x = scale_embeddings(cfg, self.embed_tokens(tokens))
     hidden = {0: x}
     for i, layer in enumerate(self.layers[:num_layers]):
       x, cache = layer(x, *rope(i), new_mask, cache, i, attn_fn)
