@@ -166,6 +166,7 @@ def run_methods(target: Target, runs: Sequence[tuple[str, dict[str, Any] | None]
     setups.append((method, drafter, kwargs, (method, repr(sorted(options.items())), pad_to)))
   acc = [{"tokens": 0, "calls": 0, "walls": [0.0] * repeats, "hist": None, "outputs": []}
          for _ in runs]
+  base_postfix = getattr(bar, "postfix", None) or ""
   for rep in range(repeats):
     for i, group in enumerate(groups):
       for (_, _, kwargs, _), a in zip(setups, acc):
@@ -180,6 +181,10 @@ def run_methods(target: Target, runs: Sequence[tuple[str, dict[str, Any] | None]
         h = np.asarray(r.stats.accepted_by_depth)
         a["hist"] = h if a["hist"] is None else a["hist"] + h
         a["outputs"] += r.tokens
+      if bar is not None and not rep:
+        so_far = running_figures([m for m, _ in runs], acc)
+        if so_far:
+          bar.set_postfix_str(", ".join(x for x in (base_postfix, so_far) if x))
   records = []
   for (method, drafter, _, phase_key), a in zip(setups, acc):
     alpha = metrics.acceptance_by_depth(a["hist"])  # None where never reached (JSON)
@@ -201,6 +206,20 @@ def run_methods(target: Target, runs: Sequence[tuple[str, dict[str, Any] | None]
         **({} if target.mesh is None or drafter is None
            else {"param_bytes": param_bytes(drafter, target.mesh)})})
   return records
+
+
+def running_figures(methods: Sequence[str], acc: Sequence[dict[str, Any]]) -> str:
+  """The progress bar's figures while a dataset runs: autoregressive tokens/s and the fastest
+  method's speedup over it, on the prompts done so far ('' before AR has run or without it)."""
+  speed = {m: a["tokens"] / a["walls"][0] for m, a in zip(methods, acc) if a["walls"][0] > 0}
+  if AR not in speed:
+    return ""
+  text = f"so far: AR {speed[AR]:.0f} tok/s"
+  others = {m: v for m, v in speed.items() if m != AR}
+  if others:
+    best = max(others, key=others.get)
+    text += f", best {best} {others[best] / speed[AR]:.2f}x"
+  return text
 
 
 def phase_timings(target: Target, drafter, prompts: Sequence[list[int]], cfg: BenchmarkConfig,

@@ -9,7 +9,15 @@ import os
 import pytest
 
 from specjax import provenance
-from specjax.benchmark import AR, MAX_RELATIVE_SPREAD, BenchmarkConfig, _finish, markdown, run
+from specjax.benchmark import (
+    AR,
+    MAX_RELATIVE_SPREAD,
+    BenchmarkConfig,
+    _finish,
+    markdown,
+    run,
+    running_figures,
+)
 
 
 def _reject_nan(name):
@@ -78,6 +86,17 @@ def test_compare_drafters_runs_equal_trees(capsys):
   assert all(1.0 <= float(r.split("|")[3]) <= 5.0 for r in rows[1:])  # held-out chain tau
   taus = [float(r.split("|")[-2]) for r in rows[1:]]
   assert all(1.0 <= t <= 3.0 for t in taus)  # a chain of 2 emits at most 3 tokens per call
+
+
+def test_running_figures_on_the_progress_bar():
+  """While a dataset runs the bar shows AR's tokens/s and the fastest method's speedup so far;
+  nothing before AR has a timing, or in a run without AR."""
+  acc = [{"tokens": 64, "walls": [0.5]}, {"tokens": 64, "walls": [0.25]},
+         {"tokens": 64, "walls": [0.4]}]
+  assert running_figures([AR, "eagle", "hydra"], acc) == "so far: AR 128 tok/s, best eagle 2.00x"
+  assert running_figures([AR], acc[:1]) == "so far: AR 128 tok/s"
+  assert running_figures([AR, "eagle"], [{"tokens": 0, "walls": [0.0]}, acc[1]]) == ""
+  assert running_figures(["eagle"], acc[1:2]) == ""
 
 
 def _record(method, draft, verify, *, spread=0.1, nodes=4, tps=100.0, tau=2.0):
