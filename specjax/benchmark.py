@@ -167,6 +167,10 @@ def run_methods(target: Target, runs: Sequence[tuple[str, dict[str, Any] | None]
   acc = [{"tokens": 0, "calls": 0, "walls": [0.0] * repeats, "hist": None, "outputs": []}
          for _ in runs]
   base_postfix = getattr(bar, "postfix", None) or ""
+  so_far = ""
+
+  def show(*parts: str) -> None:
+    bar.set_postfix_str(", ".join(x for x in (base_postfix, *parts) if x))
   for rep in range(repeats):
     for i, group in enumerate(groups):
       for (_, _, kwargs, _), a in zip(setups, acc):
@@ -183,8 +187,7 @@ def run_methods(target: Target, runs: Sequence[tuple[str, dict[str, Any] | None]
         a["outputs"] += r.tokens
       if bar is not None and not rep:
         so_far = running_figures([m for m, _ in runs], acc)
-        if so_far:
-          bar.set_postfix_str(", ".join(x for x in (base_postfix, so_far) if x))
+        show(so_far)
   records = []
   for (method, drafter, _, phase_key), a in zip(setups, acc):
     alpha = metrics.acceptance_by_depth(a["hist"])  # None where never reached (JSON)
@@ -192,6 +195,8 @@ def run_methods(target: Target, runs: Sequence[tuple[str, dict[str, Any] | None]
     if profile:
       reused = phase_key in phase_memo
       if not reused:
+        if bar is not None:  # the bar counts the timed runs: say what runs after them
+          show(so_far, f"timing {method}'s phases")
         phase_memo[phase_key] = phase_timings(target, drafter, prompts[:1], cfg, pad_to)
       phases = {**phase_memo[phase_key], "phases_reused": reused}
     records.append({
@@ -205,6 +210,8 @@ def run_methods(target: Target, runs: Sequence[tuple[str, dict[str, Any] | None]
         **phases,
         **({} if target.mesh is None or drafter is None
            else {"param_bytes": param_bytes(drafter, target.mesh)})})
+  if bar is not None:
+    show(so_far)
   return records
 
 
