@@ -211,8 +211,10 @@ _OPERAND = re.compile(r"%([^\s,()]+)")
 def hlo_scopes(hlo: str) -> dict[str, str]:
   """Instruction name -> its scope (`scope_of` its op_name) for every instruction of an
   optimized HLO text that is not control flow. An instruction that XLA rewrote without
-  metadata (on CPU, many dots) takes the scope of its first operand that has one (a dot's
-  activations, which the same sublayer computed), else of a user."""
+  metadata takes the scope of its first operand that has one, else of a user. On CPU those are
+  the one-row matmuls (XLA's GEMV rewrite drops their metadata): their first operand holds the
+  activations, which the same sublayer computed, so they land in their own sublayer, except a
+  drafter's LM head over the draft layer's raw output, which lands in that layer's `mlp`."""
   op_names = {}
   operands, users = collections.defaultdict(list), collections.defaultdict(list)
   for line in hlo.splitlines():
