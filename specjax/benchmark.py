@@ -147,8 +147,9 @@ def run_methods(target: Target, runs: Sequence[tuple[str, dict[str, Any] | None]
 
   A method's phase timings depend on its shapes (its tree, the padded prompt length, the new
   tokens, the sampling mode), not on which prompt it decodes: `phase_memo`, a dict shared by the
-  calls of one run (e.g. one per dataset), keeps them by method, options and padded length, and
-  a later call reuses them (its records say `phases_reused`) instead of timing them again.
+  calls of one run (e.g. one per dataset), keeps them by method, options, padded length, new
+  tokens and sampling, and a later call with the same reuses them (its records say
+  `phases_reused`) instead of timing them again.
   """
   # One padded length for every prompt (one program per method), a power of two as generate's
   # own buckets: runs over other prompts of a similar length then share the compiled programs.
@@ -163,7 +164,9 @@ def run_methods(target: Target, runs: Sequence[tuple[str, dict[str, Any] | None]
                   temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
                   eos_token_id=[], pad_to=pad_to)
     generate(target, groups[0], seed=cfg.seed, **kwargs)  # warm-up: compile, first calls
-    setups.append((method, drafter, kwargs, (method, repr(sorted(options.items())), pad_to)))
+    phase_key = (method, repr(sorted(options.items())), cfg.drafter.get(method), pad_to,
+                 cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p)
+    setups.append((method, drafter, kwargs, phase_key))
   acc = [{"tokens": 0, "calls": 0, "walls": [0.0] * repeats, "hist": None, "outputs": []}
          for _ in runs]
   base_postfix = getattr(bar, "postfix", None) or ""
