@@ -578,10 +578,15 @@ def round_loop(target: Target, prompts, *, drafter: Drafter | None = None,
   params, drafter, eos = args[0], args[1], args[5]
   with _mesh_context(spec.mesh):
     state = _prefill_program(spec, *args)
-    lowered = _loops_program.lower(spec, params, drafter, eos, state, 0, 0)
-    # The op metadata (named scopes) is the point here, and the persistent cache's keys leave
-    # it out by default: an entry compiled from an older version of the code would come back
-    # with that version's metadata.
+    # The op metadata (named scopes) is the point here, and the compilation caches key
+    # programs without it: the profiler's own jitted program could come back from memory or
+    # disk as compiled from an older version of the code, with that version's metadata. A
+    # function of its own (traced and lowered afresh) with the metadata in the persistent
+    # cache's key cannot.
+    def profiled_loops(*args):
+      return _loops_program.__wrapped__(spec, *args)
+
+    lowered = jax.jit(profiled_loops).lower(params, drafter, eos, state, 0, 0)
     key_option = "jax_compilation_cache_include_metadata_in_key"
     before = getattr(jax.config, key_option)
     jax.config.update(key_option, True)
