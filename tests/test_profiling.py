@@ -66,8 +66,7 @@ def test_kernel_times_of_a_round(target, method):
   """Every round launches the target's layers and LM head under the verify phase; a drafter's
   own kernels are filed under draft; the totals add up the scopes."""
   drafter = None if method == "autoregressive" else drafters.build(method, target)
-  # The profiler's own program for the same shapes, compiled first, must not stand in for the
-  # kernel profile's (the compilation caches key programs without their scopes).
+  # After the profiler's own program for the same shapes (kernel_times traces its own).
   profile_phases(target, [list(range(1, 21))], drafter=drafter, max_new_tokens=16, repeats=1,
                  trials=1)
   out = kernel_times(target, [list(range(1, 21))], drafter=drafter, rounds=3, trials=1,
