@@ -266,14 +266,15 @@ def kernel_times(target: Target, prompts, *, drafter=None, rounds: int = 20, tri
   ('phase/part', see `scope_of`): {"kernels": how many it launches, "seconds": their time},
   and "total" over all scopes.
 
-  One profiler trace of `trials` runs of `rounds` rounds each. A kernel of the round launches
-  at least once per round (more inside a loop of its own); the few that launch less (the call's
-  own, the first draft) are left out. A kernel's time is its median duration, which keeps the
-  odd preempted launch out, times its launches per round. Kernels that run concurrently (XLA
-  CPU runs independent ones on its threads) each count in full, and the profiler's own cost is
-  in every launch, so the seconds can add up to more than the round's wall time: use them for
-  where the time goes, and `decoding.profile_phases` for how long a round takes."""
-  rounds = checks.integer("rounds", rounds, lo=1)
+  One profiler trace of `trials` runs of `rounds` (>= 2) rounds each. A kernel of the round
+  launches at least once per round (more inside a loop of its own); those that launch less are
+  left out: the call's own, the first draft, and a branch not taken in every round. A kernel's
+  time is its median duration, which keeps the odd preempted launch out, times its launches
+  per round. Kernels that run concurrently (XLA CPU runs independent ones on its threads) each
+  count in full, and the profiler's own cost is in every launch, so the seconds can add up to
+  more than the round's wall time: use them for where the time goes, and
+  `decoding.profile_phases` for how long a round takes."""
+  rounds = checks.integer("rounds", rounds, lo=2)  # at 1, the first draft's kernels would count
   trials = checks.integer("trials", trials, lo=1)
   run, hlo = round_loop(target, prompts, drafter=drafter, max_new_tokens=max_new_tokens,
                         temperature=temperature, pad_to=pad_to)
