@@ -273,7 +273,8 @@ def kernel_times(target: Target, prompts, *, drafter=None, rounds: int = 20, tri
   per round. Kernels that run concurrently (XLA CPU runs independent ones on its threads) each
   count in full, and the profiler's own cost is in every launch, so the seconds can add up to
   more than the round's wall time: use them for where the time goes, and
-  `decoding.profile_phases` for how long a round takes."""
+  `decoding.profile_phases` for how long a round takes. On a mesh every device's kernels
+  count (a part on 8 devices launches 8 times as many)."""
   rounds = checks.integer("rounds", rounds, lo=2)  # at 1, the first draft's kernels would count
   trials = checks.integer("trials", trials, lo=1)
   run, hlo = round_loop(target, prompts, drafter=drafter, max_new_tokens=max_new_tokens,

@@ -81,6 +81,16 @@ def test_kernel_times_of_a_round(target, method):
     assert any(scope.startswith("draft/") for scope in out)
 
 
+def test_kernel_times_on_a_mesh(target):
+  """On a dp=4, tp=2 mesh every device launches the round's kernels: the counts are those of
+  all 8 devices, still filed by phase and part."""
+  single = kernel_times(target, [list(range(1, 21))] * 4, rounds=2, trials=1, max_new_tokens=16)
+  sharded = kernel_times(target.on_mesh("dp=4,tp=2"), [list(range(1, 21))] * 4, rounds=2,
+                         trials=1, max_new_tokens=16)
+  assert {"verify/attention", "verify/mlp", "verify/lm_head"} <= sharded.keys()
+  assert sharded["verify/attention"]["kernels"] > single["verify/attention"]["kernels"]
+
+
 def test_kernel_times_bad_rounds(target):
   with pytest.raises(ValueError, match="rounds"):
     kernel_times(target, [[1, 2, 3]], rounds=1)
