@@ -22,7 +22,7 @@ iterations, fastest of `trials` runs each, so dispatch and the call's fixed cost
 
 `kernel_times` looks inside a whole decode round instead, with JAX's profiler: every kernel the
 compiled program runs (an XLA fusion, a dot, a copy), filed by the named scopes the model and
-the loop set (`PHASE_SCOPES`, `PART_SCOPES`: e.g. `verify/attend`, `draft/mlp`), with how many
+the loop set (`PHASE_SCOPES`, `PART_SCOPES`: e.g. `verify/attention`, `draft/mlp`), with how many
 kernels each part launches per round. On a CPU a small model's step is often more kernels than
 arithmetic, which the timings alone do not show.
 """
@@ -195,12 +195,14 @@ def verify_parts(target: Target, sizes: Sequence[int] = (1, 2, 4, 8, 16), *,
 # ------------------------------------------------------------------------------------------------
 # Kernels: what a compiled round launches, by named scope
 
-# The named scopes (`jax.named_scope`) of the decode loop's phases, and of the parts of a forward
-# (each decoder layer's attention and MLP sublayers, with their norms and residual adds) and of
-# a verify phase, as the model and the loop set them. A kernel is filed under its phase and the
-# innermost part in its HLO op_name ("other" where there is none).
-PHASE_SCOPES = ("draft", "verify")
-PART_SCOPES = ("embed", "attention", "mlp", "lm_head", "accept", "drafter_update", "commit")
+# The named scopes (`jax.named_scope`) of the decode loop's phases (the drafter's update after
+# verification counts as one of its own), and of the parts of a forward (each decoder layer's
+# attention and MLP sublayers, with their norms and residual adds) and of a verify phase, as
+# the model, the drafters and the loop set them. A kernel is filed under the innermost phase
+# and the innermost part in its HLO op_name ("other" where there is none).
+PHASE_SCOPES = ("draft", "verify", "drafter_update")
+PART_SCOPES = ("embed", "attention", "mlp", "lm_head", "accept", "commit",
+               "correction")  # the last: DFlash's causal correction
 # Instructions whose kernels run others inside them: their spans would count those twice.
 _CONTROL_OPS = ("while", "conditional", "call")
 _INSTRUCTION = re.compile(r"\s*(?:ROOT\s+)?%?([^\s=]+)\s+=\s+.*?\s([a-z][\w-]*)\(")
@@ -238,9 +240,9 @@ def hlo_scopes(hlo: str) -> dict[str, str]:
 
 def scope_of(op_name: str) -> str:
   """'phase/part' of a jax name stack such as `jit(f)/while/body/verify/mlp/dot_general`: the
-  first of PHASE_SCOPES and the last of PART_SCOPES in it, each 'other' when absent."""
+  last of PHASE_SCOPES and the last of PART_SCOPES in it, each 'other' when absent."""
   parts = op_name.split("/")
-  phase = next((p for p in parts if p in PHASE_SCOPES), "other")
+  phase = next((p for p in reversed(parts) if p in PHASE_SCOPES), "other")
   part = next((p for p in reversed(parts) if p in PART_SCOPES), "other")
   return f"{phase}/{part}"
 

@@ -43,6 +43,9 @@ def test_scope_of_a_name_stack():
       "verify/attention")
   assert scope_of("jit(f)/while/body/draft/attention/mlp/mul") == "draft/mlp"  # innermost part
   assert scope_of("jit(f)/while/body/verify/add") == "verify/other"
+  # A drafter's update after verification is a phase of its own, with its own parts.
+  assert scope_of("jit(f)/while/body/verify/drafter_update/attention/dot_general") == (
+      "drafter_update/attention")
   assert scope_of("") == "other/other"
 
 

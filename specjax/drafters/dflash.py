@@ -124,6 +124,7 @@ class DFlashLayer(nnx.Module):
     self.post_attention_layernorm = RMSNorm(e, cfg.rms_norm_eps, dtype)
     self.mlp = layers.MLP(cfg, rngs)
 
+  @jax.named_scope("attention")
   def context_kv(self, ctx: jax.Array, cos, sin):
     """ctx [B, S, E] -> its keys (k_norm'd, RoPE'd) and values [B, S, K, D] for this layer."""
     attn = self.self_attn
@@ -138,11 +139,13 @@ class DFlashLayer(nnx.Module):
     """x: [B, N, P, E] blocks at RoPE tables (cos, sin) of [B, N * P] positions."""
     b, n, p, e = x.shape
     attn = self.self_attn
-    q, k, v = attn.project(self.input_layernorm(x).reshape(b, n * p, e), cos, sin)
-    split = lambda a: a.reshape((b, n, p) + a.shape[2:])  # noqa: E731
-    out = block_attention(split(q), split(k), split(v), ctx_k, ctx_v, ctx_mask, attn.sm_scale)
-    x = x + attn.output(out.reshape((b, n * p) + out.shape[3:])).reshape(b, n, p, e)
-    return x + self.mlp(self.post_attention_layernorm(x))
+    with jax.named_scope("attention"):  # the sublayers' scopes, as in the target's layers
+      q, k, v = attn.project(self.input_layernorm(x).reshape(b, n * p, e), cos, sin)
+      split = lambda a: a.reshape((b, n, p) + a.shape[2:])  # noqa: E731
+      out = block_attention(split(q), split(k), split(v), ctx_k, ctx_v, ctx_mask, attn.sm_scale)
+      x = x + attn.output(out.reshape((b, n * p) + out.shape[3:])).reshape(b, n, p, e)
+    with jax.named_scope("mlp"):
+      return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class Correction(nnx.Module):
@@ -159,6 +162,7 @@ class Correction(nnx.Module):
     self.up = nnx.Linear(rank, e, use_bias=False, dtype=dtype, param_dtype=dtype,
                          kernel_init=nnx.initializers.zeros, rngs=rngs)
 
+  @jax.named_scope("correction")
   def __call__(self, h: jax.Array, prev_emb: jax.Array) -> jax.Array:
     """h: [..., E] block outputs; prev_emb: [..., E] embeddings of the tokens above them."""
     z = jnp.concatenate([h, self.norm(prev_emb.astype(h.dtype))], axis=-1)
@@ -293,6 +297,7 @@ class DFlashDrafter(learned.LearnedDrafter):
     ctx_kv = [(cache.k[i], cache.v[i]) for i in range(self.net.model.num_layers)]
     return net(x, positions, ctx_kv, ctx_mask)[:, 0, 1:self.depth + 1]
 
+  @jax.named_scope("lm_head")
   def _head(self, h: jax.Array, recent: learned.RecentVocab | None) -> jax.Array:
     logits = jnp.einsum("B...E,EV->B...V", h, self.head, preferred_element_type=jnp.float32)
     return learned.with_recent(logits, h, recent)
