@@ -24,15 +24,13 @@ from __future__ import annotations
 
 import argparse
 
-import jax.numpy as jnp
 import numpy as np
 
 import specjax
 from specjax import assets, compile_cache, drafters
 from specjax.benchmark import oracle_roofline
-from specjax.drafters.oracle import Oracle
 from specjax.metrics import markdown_table
-from specjax.profiling import PARTS, kernel_times, verify_parts
+from specjax.profiling import PARTS, kernel_times, random_chain, verify_parts
 
 
 def large_random_target(dtype: str, compute_dtype: str) -> specjax.Target:
@@ -45,10 +43,13 @@ def large_random_target(dtype: str, compute_dtype: str) -> specjax.Target:
   return specjax.Target.random(cfg, seed=0)
 
 
+def random_prompt(target, prompt_len: int) -> list[int]:
+  """The benchmark's prompt: `prompt_len` random ids (the costs do not depend on the text)."""
+  return np.random.RandomState(0).randint(0, target.config.vocab_size, size=prompt_len).tolist()
+
+
 def roofline(target, name: str, chains, prompt_len: int, max_new: int, repeats: int):
-  rs = np.random.RandomState(0)
-  prompt = rs.randint(0, target.config.vocab_size, size=prompt_len).tolist()
-  result = oracle_roofline(target, prompt, chains, max_new, repeats)
+  result = oracle_roofline(target, random_prompt(target, prompt_len), chains, max_new, repeats)
   print(f"\n### {name}: {target.num_params / 1e6:.1f}M params ({target.config.dtype}), "
         f"prompt {prompt_len}, {max_new} new tokens, batch 1, T=0\n")
   print(f"autoregressive: {result['tokens_per_second']:.1f} tokens/s, step "
@@ -84,9 +85,7 @@ def kernel_drafter(target, spec: str, prompt_len: int, max_new: int):
   if spec == "autoregressive":
     return None
   if spec.startswith("chain") and spec[5:].isdigit():
-    reference = np.random.RandomState(1).randint(0, target.config.vocab_size, (1, max_new))
-    return Oracle(jnp.asarray(reference, jnp.int32), jnp.asarray([prompt_len], jnp.int32),
-                  num_tokens=int(spec[5:]))
+    return random_chain(target, int(spec[5:]), prompt_len, max_new, np.random.RandomState(1))
   if spec not in drafters.available(target):
     raise ValueError(f"{spec!r} is not available for this target (available: autoregressive, "
                      f"chainN, {', '.join(drafters.available(target)) or 'no drafter'})")
@@ -94,8 +93,7 @@ def kernel_drafter(target, spec: str, prompt_len: int, max_new: int):
 
 
 def kernels(target, name: str, specs, prompt_len: int, max_new: int):
-  rs = np.random.RandomState(0)
-  prompt = rs.randint(0, target.config.vocab_size, size=prompt_len).tolist()
+  prompt = random_prompt(target, prompt_len)
   columns = {}
   for spec in specs:
     try:

@@ -539,13 +539,20 @@ def profile_phases(target: Target, prompts, *, drafter: Drafter | None = None,
   tau * t_AR_step / (t_draft + t_verify); a loop is efficient when it gets close to it. Without a
   drafter t_draft is 0 by definition, not measured.
   """
-  drafter = NoDrafter() if drafter is None else drafter
   trials = checks.integer("trials", trials, lo=1)
   repeats = checks.integer("repeats", repeats, lo=1)
-  spec, args, _ = _setup(target, prompts, max_new_tokens, drafter,
-                         SamplingConfig(temperature, top_k, top_p), 0, [], pad_to)
+  spec, args = _profiler_setup(target, prompts, drafter, max_new_tokens,
+                               SamplingConfig(temperature, top_k, top_p), pad_to)
   with _mesh_context(spec.mesh):
     return _profile(spec, args, repeats, trials)
+
+
+def _profiler_setup(target: Target, prompts, drafter: Drafter | None, max_new_tokens: int,
+                    sampling: SamplingConfig, pad_to: int | None) -> tuple[_Spec, tuple]:
+  """The spec and arguments of the profiler's programs (seed 0, no EOS; None: no drafter)."""
+  drafter = NoDrafter() if drafter is None else drafter
+  spec, args, _ = _setup(target, prompts, max_new_tokens, drafter, sampling, 0, [], pad_to)
+  return spec, args
 
 
 # The profiler's two programs, jitted once at module level (the spec is static; the loop counts
@@ -572,9 +579,8 @@ def round_loop(target: Target, prompts, *, drafter: Drafter | None = None,
   `specjax.profiling.kernel_times`): returns `(run, hlo)`, where `run(n)` runs n whole rounds
   (draft, then verify) from the prefilled state and waits for them, and `hlo` is the compiled
   program's optimized HLO text (whose instruction names are the kernels a profiler sees)."""
-  drafter = NoDrafter() if drafter is None else drafter
-  spec, args, _ = _setup(target, prompts, max_new_tokens, drafter,
-                         SamplingConfig(temperature, top_k, top_p), 0, [], pad_to)
+  spec, args = _profiler_setup(target, prompts, drafter, max_new_tokens,
+                               SamplingConfig(temperature, top_k, top_p), pad_to)
   params, drafter, eos = args[0], args[1], args[5]
   with _mesh_context(spec.mesh):
     state = _prefill_program(spec, *args)

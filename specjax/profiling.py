@@ -150,12 +150,19 @@ def _phase(target: Target, t: int, prompt_len: int, max_new: int, repeats: int,
   """The loop's verify phase on a block of T: `profile_phases` with a chain of T - 1 nodes."""
   rs = np.random.RandomState(0)
   prompt = rs.randint(0, target.config.vocab_size, prompt_len).tolist()
-  drafter = None
-  if t > 1:
-    reference = jnp.asarray(rs.randint(0, target.config.vocab_size, (1, max_new)), jnp.int32)
-    drafter = Oracle(reference, jnp.asarray([prompt_len], jnp.int32), num_tokens=t - 1)
+  drafter = None if t == 1 else random_chain(target, t - 1, prompt_len, max_new, rs)
   return profile_phases(target, [prompt], drafter=drafter, max_new_tokens=max_new,
                         repeats=repeats, trials=trials)["t_verify"]
+
+
+def random_chain(target: Target, num_tokens: int, prompt_len: int, max_new: int,
+                 rs: np.random.RandomState) -> Oracle:
+  """An oracle chain of `num_tokens` over a random continuation (drawn from `rs`) of a
+  `prompt_len`-token prompt: a drafter of the chain's shapes, for timing and profiling, whose
+  drafts the target mostly rejects (the costs of a round do not depend on what it accepts)."""
+  reference = rs.randint(0, target.config.vocab_size, (1, max_new))
+  return Oracle(jnp.asarray(reference, jnp.int32), jnp.asarray([prompt_len], jnp.int32),
+                num_tokens=num_tokens)
 
 
 def verify_parts(target: Target, sizes: Sequence[int] = (1, 2, 4, 8, 16), *,
