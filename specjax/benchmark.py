@@ -214,7 +214,7 @@ def run_methods(target: Target, runs: Sequence[tuple[str, dict[str, Any] | None]
         **({} if target.mesh is None or drafter is None
            else {"param_bytes": param_bytes(drafter, target.mesh)})})
   if bar is not None:
-    show(so_far)
+    bar.set_postfix_str(base_postfix)  # the caller's postfix: a later call starts from it
   return records
 
 

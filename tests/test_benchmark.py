@@ -99,6 +99,37 @@ def test_running_figures_on_the_progress_bar():
   assert running_figures(["eagle"], acc[1:2]) == ""
 
 
+class _Bar:
+  """What run_methods asks of a tqdm bar, keeping every postfix it was shown."""
+
+  def __init__(self, postfix: str):
+    self.postfix, self.shown = postfix, []
+
+  def update(self, n: int) -> None:
+    pass
+
+  def set_postfix_str(self, text: str) -> None:
+    self.postfix = text
+    self.shown.append(text)
+
+
+def test_running_figures_do_not_pile_up_over_calls():
+  """Calls sharing one bar (the reproduce tables' runs) each show their own figures after the
+  caller's postfix, and leave that postfix as it was."""
+  from specjax.benchmark import run_methods
+  from tests.helpers import tiny_targets as tt
+  target = tt.greedy_target()
+  cfg = BenchmarkConfig(num_prompts=2, max_new_tokens=4)
+  bar = _Bar("table=methods")
+  for _ in range(2):
+    run_methods(target, [(AR, None), ("prompt_lookup", None)], [[5, 6, 7, 5, 6], [9, 8, 7]],
+                cfg, bar)
+    assert bar.postfix == "table=methods"
+  figures = [s for s in bar.shown if s != "table=methods"]
+  assert figures and all(s.startswith("table=methods, so far: AR ") and s.count("so far") == 1
+                         for s in figures), figures
+
+
 def _record(method, draft, verify, *, spread=0.1, nodes=4, tps=100.0, tau=2.0):
   return {"method": method, "dataset": "d", "tau": tau, "tokens_per_second": tps,
           "tokens_per_second_repeats": [tps],
