@@ -59,7 +59,7 @@ class ReproduceConfig(BenchmarkConfig):
   datasets: tuple[str, ...] = ("humaneval", "stdlib_heldout", "stdlib_docstrings")
   num_prompts: int = 4
   max_new_tokens: int = 64
-  profile_repeats: int = 5
+  profile_repeats: int = 20  # loop lengths of the phase timings (theory) and the oracle (budget)
   out: str = "out/reproduce"
   temperatures: tuple[float, ...] = (0.0, 1.0)  # the methods table's
   timing_repeats: int = 3  # passes over the prompts timed by the methods table
@@ -489,6 +489,9 @@ def _hf_measure(s: Session, prompts, torch, transformers) -> list[dict[str, Any]
   draft = load(cfg.drafter.get("draft_lm", assets.DRAFT_LM_DIR), dtype=torch.float32).eval()
   draft.generation_config.num_assistant_tokens = draft_lm_options["num_tokens"]
   draft.generation_config.num_assistant_tokens_schedule = "constant"
+  # transformers stops drafting early below this draft probability (0.4 by default); specjax's
+  # draft LM always drafts its num_tokens, and 0 turns the early stop off: the same algorithm.
+  draft.generation_config.assistant_confidence_threshold = 0.0
   calls = [0]
   model.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
   n = cfg.max_new_tokens
@@ -552,8 +555,9 @@ def peers_table(s: Session, out: str) -> Result:
                    "output = specjax greedy"], rows)
   lines += [f"torch runs on {threads} threads, the number of cores JAX's CPU client uses "
             f"({jax_threads()} here). Both draft with the same draft LM and the same number of "
-            "tokens (transformers' constant schedule) and look up the same n-gram sizes. tau for "
-            "transformers counts the target's forward calls (prefill included).", ""]
+            "tokens (transformers' constant schedule, its early stop on draft confidence off) and "
+            "look up the same n-gram sizes. tau for transformers counts the target's forward "
+            "calls (prefill included), as specjax's does.", ""]
   plt = pyplot()
   fig, ax = plt.subplots(figsize=(8, 4))
   x = np.arange(len(PEER_METHODS))
