@@ -19,7 +19,7 @@ def get_config() -> ReproduceConfig:
       max_prompt_tokens=256,
       max_new_tokens=64,
       seed=0,
-      profile_repeats=5,
+      profile_repeats=20,
       temperatures=(0.0, 1.0),
       timing_repeats=3,
       theory_methods=("draft_lm", "eagle"),
