@@ -472,12 +472,20 @@ def _hf_runs(s: Session, prompts: Sequence[list[int]], threads: int) -> list[dic
   except ImportError as e:
     raise ValueError(f"the peers table runs transformers beside specjax and needs torch and "
                      f"transformers ({e}); install them with pip install -e \".[test]\"") from None
-  before = torch.get_num_threads()
+  log = transformers.logging
+  before = torch.get_num_threads(), log.get_verbosity(), log.is_progress_bar_enabled()
   torch.set_num_threads(threads)
+  # Under reproduce's own progress bar: no loading bars, and no warning that transformers'
+  # assisted generation raises about its own call to the assistant's `generate`.
+  log.disable_progress_bar()
+  log.set_verbosity_error()
   try:
     return _hf_measure(s, prompts, torch, transformers)
   finally:
-    torch.set_num_threads(before)
+    torch.set_num_threads(before[0])
+    log.set_verbosity(before[1])
+    if before[2]:
+      log.enable_progress_bar()
 
 
 def _hf_measure(s: Session, prompts, torch, transformers) -> list[dict[str, Any]]:
