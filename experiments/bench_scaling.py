@@ -66,9 +66,9 @@ def fitting_meshes(target, specs: list[str], devices) -> tuple[list, list[str]]:
 def kv_cache_bytes(cfg, mesh, batch: int, length: int) -> int:
   """Bytes of the KV cache of `batch` rows (padded as `generate` pads them,
   `decoding.batch_rows`: a power of two, then a multiple of dp) that each device of
-  `mesh` holds: keys and values [L, B, S, K, D] laid out by `sharding.cache_spec` (rows over
-  data, KV heads over model or replicated) and the int32 lengths [B] over data. Every device
-  holds one equal shard of each, so the figure is the same on all of them."""
+  `mesh` holds: each layer's keys and values [B, S, K, D] laid out by `sharding.cache_spec`
+  (rows over data, KV heads over model or replicated) and the int32 lengths [B] over data.
+  Every device holds one equal shard of each, so the figure is the same on all of them."""
   import jax
   from jax.sharding import NamedSharding
 
@@ -80,7 +80,7 @@ def kv_cache_bytes(cfg, mesh, batch: int, length: int) -> int:
 
   def nbytes(x, s) -> int:
     return math.prod(s.shard_shape(x.shape)) * x.dtype.itemsize
-  return (nbytes(shapes.k, kv) + nbytes(shapes.v, kv)
+  return (sum(nbytes(x, kv) for x in shapes.k + shapes.v)
           + nbytes(shapes.length, sharding.batch_sharding(mesh)))
 
 

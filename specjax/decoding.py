@@ -160,7 +160,7 @@ def _cache_allocator(cfg: ModelConfig, cache_len: int, mesh, batch: int):
 
 
 def _cache_layout(cfg: ModelConfig, mesh) -> KVCache:
-  kv = jax.sharding.NamedSharding(mesh, sharding.cache_spec(cfg, mesh))
+  kv = (jax.sharding.NamedSharding(mesh, sharding.cache_spec(cfg, mesh)),) * cfg.num_layers
   return KVCache(k=kv, v=kv, length=sharding.batch_sharding(mesh))
 
 

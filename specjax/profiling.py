@@ -79,9 +79,10 @@ def _live_cache(target: Target, slots: int, live: int) -> KVCache:
   cfg = target.config
   cache = decoder.init_cache(cfg, 1, slots)
   rs = np.random.RandomState(1)
-  k = rs.normal(size=cache.k.shape).astype(np.float32)
-  v = rs.normal(size=cache.v.shape).astype(np.float32)
-  return cache.replace(k=jnp.asarray(k, cache.k.dtype), v=jnp.asarray(v, cache.v.dtype),
+
+  def fill(a):
+    return jnp.asarray(rs.normal(size=a.shape).astype(np.float32), a.dtype)
+  return cache.replace(k=tuple(map(fill, cache.k)), v=tuple(map(fill, cache.v)),
                        length=jnp.full((1,), live, jnp.int32))
 
 

@@ -14,8 +14,8 @@ Megatron-style tensor parallelism follows: q/k/v and gate/up projections are spl
 (heads, MLP units), o/down projections by rows, embeddings and LM heads over the vocabulary,
 norms replicated; the partitioner inserts one all-reduce after each row-parallel projection.
 
-The KV-head rule (GQA/MQA): the cache `[L, B, S, K, D]` and the k/v projections are split over
-`model` when the model axis divides the K KV heads; otherwise they are *replicated* over
+The KV-head rule (GQA/MQA): the cache (`[B, S, K, D]` per layer) and the k/v projections are
+split over `model` when the model axis divides the K KV heads; otherwise they are *replicated* over
 `model`, and each device computes and stores all K heads for its batch rows while its query
 heads are split. Query heads, MLP units and the vocabulary of a target must divide the model
 axis (`ShardingError` otherwise); a drafter's dimensions that do not divide are replicated
@@ -57,8 +57,8 @@ PARAM_RULES: Rules = (
     (r".*", ()),  # norms, row-parallel biases, index tables: replicated
 )
 
-# The KV cache [L, B, S, K, D]; queries [B, T, H, D] and new keys / values [B, T, K, D].
-CACHE_AXES = (None, "batch", None, "kv_heads", None)
+# A layer's KV cache [B, S, K, D]; queries [B, T, H, D] and new keys / values [B, T, K, D].
+CACHE_AXES = ("batch", None, "kv_heads", None)
 HEADS_AXES = ("batch", None, "heads", None)
 KV_AXES = ("batch", None, "kv_heads", None)
 
@@ -292,7 +292,8 @@ def constrain(x: jax.Array, logical: tuple[str | None, ...]) -> jax.Array:
 
 
 def cache_spec(cfg: ModelConfig, mesh: Mesh) -> PartitionSpec:
-  """[L, B, S, K, D]: rows over data, KV heads over model (or replicated: the KV-head rule)."""
+  """A layer's cache [B, S, K, D]: rows over data, KV heads over model (or replicated: the
+  KV-head rule)."""
   return logical_spec(CACHE_AXES, axis_map(cfg, mesh, strict=False))
 
 

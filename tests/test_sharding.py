@@ -88,8 +88,7 @@ def test_kv_head_rule():
     mesh = sharding.make_mesh(spec)
     amap = sharding.axis_map(cfg, mesh, strict=True)
     assert amap["kv_heads"] == kv and amap["heads"] == "model"
-    assert sharding.cache_spec(cfg, mesh) == jax.sharding.PartitionSpec(
-        None, "data", None, kv, None)
+    assert sharding.cache_spec(cfg, mesh) == jax.sharding.PartitionSpec("data", None, kv, None)
 
 
 def test_target_whose_heads_do_not_divide_is_rejected():
@@ -157,8 +156,8 @@ def test_placement_is_real(embedded, spec):
                                    decoding.SamplingConfig(), 0, None, None)
   cache = args[-1]
   kv_split = target.config.num_kv_heads % tp == 0
-  for shard in cache.k.addressable_shards:
-    _, b, _, k, _ = shard.data.shape
+  for shard in (s for layer in cache.k for s in layer.addressable_shards):
+    b, _, k, _ = shard.data.shape
     assert b == 8 // dp and k == (target.config.num_kv_heads // tp if kv_split else
                                   target.config.num_kv_heads)
   per_device = sharding.bytes_per_device(target.params)
@@ -172,9 +171,9 @@ def _all_gather_shapes(hlo: str) -> set[tuple[int, ...]]:
 
 
 def _program(target, drafter_type: str):
-  """The compiled generate program of `drafter_type` on `target` and its mesh (from generate's
-  cache of programs)."""
-  found = [p for (spec, treedef, *_), p in decoding._COMPILED.items()
+  """The spec and compiled generate program of `drafter_type` on `target` and its mesh (from
+  generate's cache of programs)."""
+  found = [(spec, p) for (spec, treedef, *_), p in decoding._COMPILED.items()
            if spec.mesh == target.mesh and spec.config == target.config
            and drafter_type in str(treedef)]
   assert len(found) == 1, f"{len(found)} programs of {drafter_type}"
@@ -189,11 +188,15 @@ def test_decode_program_gathers_no_weight_and_no_cache(embedded_runs, name, draf
   matrix nor a KV cache (the target's or EAGLE's own): besides the row-parallel all-reduces only
   activations (logits over a split vocabulary, features) cross devices."""
   on_mesh, _ = embedded_runs
-  gathered = _all_gather_shapes(_program(on_mesh, drafter_type).as_text())
+  spec, program = _program(on_mesh, drafter_type)
+  gathered = _all_gather_shapes(program.as_text())
   drafter = None if name == "autoregressive" else drafters.build(name, on_mesh)
   weights = {tuple(x.shape) for x in jax.tree.leaves((on_mesh.params, drafter)) if x.ndim >= 2}
   assert not gathered & weights, gathered & weights
-  assert not [s for s in gathered if len(s) == 5], "a KV cache [L, B, S, K, D] is all-gathered"
+  cfg = on_mesh.config
+  caches = [s for s in gathered if len(s) == 4 and s[1:] == (spec.cache_len, cfg.num_kv_heads,
+                                                              cfg.head_dim)]
+  assert not caches, f"a layer's KV cache [B, S, K, D] is all-gathered: {caches}"
 
 
 # -- 3. the same output on every mesh ------------------------------------------------------------

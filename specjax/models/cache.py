@@ -2,8 +2,12 @@
 
 Layout (shape letters as in the package docstring):
 
-  k, v:   [L, B, S, K, D]  keys / values of every layer, row and slot
-  length: int32[B]         committed tokens per row; slots >= length are garbage, always masked
+  k, v:   L arrays [B, S, K, D]  keys / values of each layer's rows and slots
+  length: int32[B]               committed tokens per row; slots >= length are garbage, masked
+
+One buffer per layer, not one [L, B, S, K, D] array: a layer's write then updates its own buffer
+in place inside the compiled decode loop, where writing one layer of a stacked array copied all L
+layers' K and V at every layer of every step.
 
 A forward pass over T new tokens writes their keys and values at slots `[length, length + T)`
 without advancing `length`. `commit` then keeps a chosen subset of those T slots (the accepted
@@ -25,24 +29,33 @@ from specjax import sharding
 
 @struct.dataclass
 class KVCache:
-  k: jax.Array  # [L, B, S, K, D]
-  v: jax.Array  # [L, B, S, K, D]
+  k: tuple[jax.Array, ...]  # L x [B, S, K, D]
+  v: tuple[jax.Array, ...]  # L x [B, S, K, D]
   length: jax.Array  # int32[B]
 
   @classmethod
   def init(cls, num_layers: int, batch: int, max_len: int, num_kv_heads: int, head_dim: int,
            dtype=jnp.float32) -> KVCache:
-    shape = (num_layers, batch, max_len, num_kv_heads, head_dim)
-    return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
+    shape = (batch, max_len, num_kv_heads, head_dim)
+    return cls(k=tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
+               v=tuple(jnp.zeros(shape, dtype) for _ in range(num_layers)),
                length=jnp.zeros((batch,), jnp.int32))
 
   @property
+  def num_layers(self) -> int:
+    return len(self.k)
+
+  @property
   def max_len(self) -> int:
-    return self.k.shape[2]
+    return self.k[0].shape[1]
 
   @property
   def batch(self) -> int:
-    return self.k.shape[1]
+    return self.k[0].shape[0]
+
+  def stacked(self) -> tuple[jax.Array, jax.Array]:
+    """(k, v) as [L, B, S, K, D] arrays (a copy: for inspecting, not for the decode loop)."""
+    return jnp.stack(self.k), jnp.stack(self.v)
 
   def write(self, layer: int, k_new: jax.Array, v_new: jax.Array) -> KVCache:
     """Writes `k_new, v_new: [B, T, K, D]` of one layer at slots `[length, length + T)`.
@@ -52,8 +65,9 @@ class KVCache:
     """
     t = k_new.shape[1]
     slots = self.length[:, None] + jnp.arange(t)[None, :]  # [B, T]
-    k = self.k.at[layer].set(_put_rows(self.k[layer], k_new.astype(self.k.dtype), slots))
-    v = self.v.at[layer].set(_put_rows(self.v[layer], v_new.astype(self.v.dtype), slots))
+    k, v = list(self.k), list(self.v)
+    k[layer] = _put_rows(k[layer], k_new.astype(k[layer].dtype), slots)
+    v[layer] = _put_rows(v[layer], v_new.astype(v[layer].dtype), slots)
     return self._pinned(k, v)
 
   def commit(self, keep: jax.Array, n_keep: jax.Array) -> KVCache:
@@ -68,13 +82,15 @@ class KVCache:
     t = keep.shape[1]
     src = self.length[:, None] + keep  # [B, T]
     dst = self.length[:, None] + jnp.arange(t)[None, :]  # [B, T]
-    return self._pinned(_move_rows(self.k, src, dst), _move_rows(self.v, src, dst)).replace(
+    return self._pinned([_move_rows(a, src, dst) for a in self.k],
+                        [_move_rows(a, src, dst) for a in self.v]).replace(
         length=self.length + n_keep.astype(jnp.int32))
 
-  def _pinned(self, k: jax.Array, v: jax.Array) -> KVCache:
-    """The cache with new k, v pinned to the cache layout on a mesh (`sharding.CACHE_AXES`)."""
-    return self.replace(k=sharding.constrain(k, sharding.CACHE_AXES),
-                        v=sharding.constrain(v, sharding.CACHE_AXES))
+  def _pinned(self, k: list[jax.Array], v: list[jax.Array]) -> KVCache:
+    """The cache with new per-layer k, v pinned to the cache layout on a mesh
+    (`sharding.CACHE_AXES`)."""
+    return self.replace(k=tuple(sharding.constrain(a, sharding.CACHE_AXES) for a in k),
+                        v=tuple(sharding.constrain(a, sharding.CACHE_AXES) for a in v))
 
   def advance(self, n: jax.Array) -> KVCache:
     """Commits the first `n[b]` slots of the last write as they are (a chain or a prefill)."""
@@ -93,8 +109,7 @@ def _put_rows(cache: jax.Array, new: jax.Array, slots: jax.Array) -> jax.Array:
   return cache.at[slots].set(new, mode="drop")
 
 
+@jax.vmap
 def _move_rows(cache: jax.Array, src: jax.Array, dst: jax.Array) -> jax.Array:
-  """cache [L, B, S, K, D] with, per row, slots src [B, T] copied to dst [B, T] in every layer."""
-  def move(rows, src, dst):  # rows: [L, S, K, D] of one batch row
-    return rows.at[:, dst].set(rows[:, src], mode="drop")
-  return jax.vmap(move, in_axes=(1, 0, 0), out_axes=1)(cache, src, dst)
+  """One layer's cache [B, S, K, D] with, per row, slots src [B, T] copied to dst [B, T]."""
+  return cache.at[dst].set(cache[src], mode="drop")

@@ -145,7 +145,7 @@ def test_draft_layers_with_more_kv_heads(target):
   assert drafter.net.model.num_kv_heads == heads
   state = _rounds(target, drafter, 2)
   ds = state.drafter_state
-  assert ds.cache.k.shape[3] == heads
+  assert all(layer.shape[2] == heads for layer in ds.cache.k)
   n = int(state.hist_len[0])
   history = np.asarray(state.history[0, :n]).tolist()
   got, _ = drafter.block_logits(_view(target), ds, _ctx(state))

@@ -394,10 +394,9 @@ def test_draft_lm_self_cache_in_sync_after_generate(target, self_draft):
   _, fresh = _prefill_cache(target, seqs, width=max(map(len, seqs)))
   for b, seq in enumerate(seqs):
     n = len(seq)
-    np.testing.assert_allclose(np.asarray(cache.k[:, b, :n]), np.asarray(fresh.k[:, b, :n]),
-                               rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(np.asarray(cache.v[:, b, :n]), np.asarray(fresh.v[:, b, :n]),
-                               rtol=1e-4, atol=1e-4)
+    for got, want in zip(cache.stacked(), fresh.stacked()):  # k, then v: [L, B, S, K, D]
+      np.testing.assert_allclose(np.asarray(got[:, b, :n]), np.asarray(want[:, b, :n]),
+                                 rtol=1e-4, atol=1e-4)
 
 
 def test_draft_lm_self_accepts_everything_when_sampling(target, self_draft):

@@ -20,9 +20,10 @@ L, B, S, K, D = 3, 3, 16, 2, 4
 def _random_cache(lengths, seed=0) -> KVCache:
   """A cache whose every slot holds distinct random values (so any stray move is visible)."""
   rng = np.random.default_rng(seed)
-  return KVCache(k=jnp.asarray(rng.normal(size=(L, B, S, K, D)), jnp.float32),
-                 v=jnp.asarray(rng.normal(size=(L, B, S, K, D)), jnp.float32),
-                 length=jnp.asarray(lengths, jnp.int32))
+
+  def layers():
+    return tuple(jnp.asarray(rng.normal(size=(B, S, K, D)), jnp.float32) for _ in range(L))
+  return KVCache(k=layers(), v=layers(), length=jnp.asarray(lengths, jnp.int32))
 
 
 def _new_kv(t, seed=1):
@@ -32,10 +33,14 @@ def _new_kv(t, seed=1):
 
 
 def test_init_shapes():
-  """`KVCache.init` allocates [L, B, S, K, D] zeros in the asked dtype with length 0 per row."""
+  """`KVCache.init` allocates one [B, S, K, D] buffer of zeros per layer for k and for v, in the
+  asked dtype, with length 0 per row; `stacked` gives them as [L, B, S, K, D]."""
   c = KVCache.init(L, B, S, K, D, jnp.bfloat16)
-  assert c.k.shape == c.v.shape == (L, B, S, K, D) and c.k.dtype == jnp.bfloat16
+  assert len(c.k) == len(c.v) == c.num_layers == L
+  assert all(a.shape == (B, S, K, D) and a.dtype == jnp.bfloat16 for a in c.k + c.v)
+  assert len({id(a) for a in c.k + c.v}) == 2 * L  # distinct buffers, each updated in place
   assert c.max_len == S and c.batch == B
+  assert all(a.shape == (L, B, S, K, D) for a in c.stacked())
   np.testing.assert_array_equal(c.length, np.zeros(B))
 
 
@@ -115,10 +120,10 @@ def test_commit_identity_path_equals_advance():
 
 
 def test_jit_donation_reuses_cache_buffers():
-  """`jax.jit(..., donate_argnums=0)` over a cache-updating step donates the old cache: its k/v
-  buffers are deleted after the call (no second [L, B, S, K, D] copy lives on), and the result is
-  the same as without donation. Why: on an accelerator the cache dominates memory; generate relies
-  on updating it in place."""
+  """`jax.jit(..., donate_argnums=0)` over a cache-updating step donates the old cache: every
+  layer's k/v buffers are deleted after the call (no second copy lives on), and the result is the
+  same as without donation. Why: on an accelerator the cache dominates memory; generate relies on
+  updating it in place."""
 
   def step(cache, k_new, v_new):
     cache = cache.write(0, k_new, v_new).write(1, k_new * 2, v_new * 2)
@@ -132,9 +137,9 @@ def test_jit_donation_reuses_cache_buffers():
     out = jax.jit(step, donate_argnums=0)(cache, k_new, v_new)
     jax.block_until_ready(out)
   unusable = [w for w in caught if "donated buffers were not usable" in str(w.message)]
-  if unusable and not cache.k.is_deleted():
+  if unusable and not cache.k[0].is_deleted():
     pytest.skip(f"backend {jax.default_backend()} does not support donation: {unusable[0].message}")
-  assert cache.k.is_deleted() and cache.v.is_deleted()
+  assert all(a.is_deleted() for a in cache.k + cache.v)
   assert not k_new.is_deleted()  # only the donated argument is consumed
   for x, y in zip(jax.tree.leaves(out), jax.tree.leaves(expect)):
     np.testing.assert_array_equal(x, y)

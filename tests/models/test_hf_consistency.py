@@ -281,7 +281,8 @@ def test_bfloat16_weights_compute_in_float32_by_default(hf_checkpoint, variant):
   c = _full_forward(fast.config, fast.params, tokens).logits.astype(jnp.float32)
   err = np.abs(np.asarray(a.logits) - np.asarray(b.logits)).max()
   assert err < 0.01 * np.abs(np.asarray(c) - np.asarray(b.logits)).max()
-  assert decoder.init_cache(t16.config, 1, 8).k.dtype == jnp.float32
+  cache = decoder.init_cache(t16.config, 1, 8)
+  assert all(x.dtype == jnp.float32 for x in cache.k + cache.v)
 
 
 # -- 5. round trips ----------------------------------------------------------------------------
