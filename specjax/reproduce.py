@@ -473,7 +473,8 @@ def _hf_runs(s: Session, prompts: Sequence[list[int]], threads: int) -> list[dic
     raise ValueError(f"the peers table runs transformers beside specjax and needs torch and "
                      f"transformers ({e}); install them with pip install -e \".[test]\"") from None
   log = transformers.logging
-  before = torch.get_num_threads(), log.get_verbosity(), log.is_progress_bar_enabled()
+  threads_before, verbosity_before = torch.get_num_threads(), log.get_verbosity()
+  bars_before = log.is_progress_bar_enabled()
   torch.set_num_threads(threads)
   # Under reproduce's own progress bar: no loading bars, and no warning that transformers'
   # assisted generation raises about its own call to the assistant's `generate`.
@@ -482,9 +483,9 @@ def _hf_runs(s: Session, prompts: Sequence[list[int]], threads: int) -> list[dic
   try:
     return _hf_measure(s, prompts, torch, transformers)
   finally:
-    torch.set_num_threads(before[0])
-    log.set_verbosity(before[1])
-    if before[2]:
+    torch.set_num_threads(threads_before)
+    log.set_verbosity(verbosity_before)
+    if bars_before:
       log.enable_progress_bar()
 
 
