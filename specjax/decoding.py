@@ -247,8 +247,10 @@ def _verify_phase(spec: _Spec, params, drafter, eos_ids, tree, s: DecodeState, a
     drafter_state = drafter.update(view, s.drafter_state, RoundResult(
         tree, acc, block, out.logits, out.hidden, live, history, hist_len))
   depth_bin = jnp.where(live, acc.n_accepted, drafter.num_nodes + 1)  # dead rows: dropped
-  with jax.named_scope("commit"):
-    cache = out.cache.commit(acc.path, n_emit)  # keeps the root + accepted nodes
+  with jax.named_scope("commit"):  # keeps the root + accepted nodes
+    # A chain's accepted nodes already sit in order after the root: nothing to move. (Moving an
+    # autoregressive round's one row onto itself made XLA copy every layer's cache twice.)
+    cache = out.cache.advance(n_emit) if tree.chain else out.cache.commit(acc.path, n_emit)
   return s.replace(
       cache=cache,
       history=history, hist_len=hist_len,

@@ -37,6 +37,10 @@ class Tree:
   # float32[B, N, V]: the full distribution each node's token was *sampled* from; None when the
   # children were chosen deterministically (top-k, n-gram, static table): see specjax.verify.
   q: jax.Array | None = None
+  # Static: True when node i is the child of node i - 1 in every row (`chain`, `empty`, a chain
+  # template). The accepted path is then the prefix [root, 0, .., n - 1], already where the
+  # cache keeps it, so committing a round moves no KV rows (`specjax.decoding`).
+  chain: bool = struct.field(pytree_node=False, default=False)
 
   @property
   def batch_size(self) -> int:
@@ -54,7 +58,8 @@ class Tree:
   def empty(cls, batch: int) -> Tree:
     """The tree with no nodes: verification then samples one token from the target."""
     zeros = jnp.zeros((batch, 0), jnp.int32)
-    return cls(tokens=zeros, parent=zeros, depth=zeros, valid=jnp.zeros((batch, 0), bool))
+    return cls(tokens=zeros, parent=zeros, depth=zeros, valid=jnp.zeros((batch, 0), bool),
+               chain=True)
 
 
 def chain(tokens: jax.Array, q: jax.Array | None = None, valid: jax.Array | None = None) -> Tree:
@@ -62,10 +67,15 @@ def chain(tokens: jax.Array, q: jax.Array | None = None, valid: jax.Array | None
   b, g = tokens.shape
   parent = jnp.broadcast_to(jnp.arange(-1, g - 1, dtype=jnp.int32), (b, g))
   depth = jnp.broadcast_to(jnp.arange(1, g + 1, dtype=jnp.int32), (b, g))
-  return _make(tokens, parent, depth, q, valid)
+  return _make(tokens, parent, depth, q, valid, chain=True)
 
 
-def _make(tokens, parent, depth, q, valid) -> Tree:
+def is_chain(parent: np.ndarray) -> bool:
+  """Whether the static parent array `int[N]` is a chain's (node i the child of node i - 1)."""
+  return bool(np.array_equal(parent, np.arange(-1, len(parent) - 1)))
+
+
+def _make(tokens, parent, depth, q, valid, chain: bool = False) -> Tree:
   tokens = jnp.asarray(tokens, jnp.int32)
   if valid is None:
     valid = jnp.ones(tokens.shape, bool)
@@ -77,7 +87,7 @@ def _make(tokens, parent, depth, q, valid) -> Tree:
   if valid.shape != tokens.shape:
     raise ValueError(f"valid has shape {valid.shape}, expected {tokens.shape}")
   return Tree(tokens=tokens, parent=jnp.asarray(parent, jnp.int32),
-              depth=jnp.asarray(depth, jnp.int32), valid=valid, q=q)
+              depth=jnp.asarray(depth, jnp.int32), valid=valid, q=q, chain=chain)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -204,7 +214,7 @@ class TreeTemplate:
     if n != self.num_nodes:
       raise ValueError(f"tokens have {n} nodes, the template has {self.num_nodes}")
     return _make(tokens, jnp.broadcast_to(self.parent, (b, n)),
-                 jnp.broadcast_to(self.depth, (b, n)), q, valid)
+                 jnp.broadcast_to(self.depth, (b, n)), q, valid, chain=is_chain(self.parent))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -340,7 +350,9 @@ def grow_dynamic_tree(root_logp: jax.Array, expand, carry, *, depth: int, top_k:
   # Position of each node's parent among the kept candidates (-1 under the root).
   match = keep[:, None, :] == parent_cand[:, :, None]  # [B, N, N]
   parent = jnp.where(parent_cand < 0, -1, jnp.argmax(match, axis=-1)).astype(jnp.int32)
-  tree = _make(jnp.take_along_axis(tokens, keep, axis=1), parent, depth_all[keep], None, None)
+  # With one child per node the kept nodes are a prefix of the one path grown (scores only fall).
+  tree = _make(jnp.take_along_axis(tokens, keep, axis=1), parent, depth_all[keep], None, None,
+               chain=k == 1 or num_nodes == 1)
   return DynamicTree(tree, jnp.take_along_axis(scores, keep, axis=1)), carry
 
 

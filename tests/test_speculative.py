@@ -20,12 +20,14 @@ tests.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import scipy.stats
 
 import specjax
-from specjax import drafters
+from specjax import decoding, drafters
 from specjax.drafters import draft_lm
 from specjax.sampling import SamplingConfig, target_probs
 from specjax.trees import TreeTemplate
@@ -224,6 +226,46 @@ def test_identical_drafter_accepts_everything(target, greedy_drafters, batch):
     assert stats.accepted_by_depth == (0,) * 5 + (batch * rounds,)
     assert stats.tau == pytest.approx(NEW / (1 + rounds), rel=1e-12) and stats.tau > 5
     assert stats.acceptance_by_depth == (1.0,) * 5
+
+
+_CHAIN_DRAFTERS = {
+    "autoregressive": lambda t: None,
+    "prompt_lookup_chain": lambda t: drafters.build("prompt_lookup", t, num_branches=1),
+    "token_recycling_chain": lambda t: drafters.build("token_recycling", t,
+                                                      paths=TreeTemplate.chain(4).paths),
+    "layer_skip": lambda t: drafters.build("layer_skip", t, num_layers=1),
+    "draft_lm_self": lambda t: draft_lm.build(t, draft=t, num_tokens=3),
+    "dflash_chain": lambda t: tt.learned_drafter("dflash", t),
+}
+
+
+@pytest.mark.parametrize("name", list(_CHAIN_DRAFTERS))
+def test_chain_rounds_update_the_cache_in_place(monkeypatch, name):
+  """Autoregressive and chain rounds keep every layer's KV cache in place: the compiled program
+  copies no [B, S, K, D] cache buffer in its loop. (Autoregressive rounds committed their one
+  row by moving it onto itself, and XLA then copied every layer's K and V twice per round.) On a
+  target with 2 KV heads, as the embedded one: with a single KV head XLA's CPU fusion of the
+  one-row write still copies each layer's cache."""
+  target = tt.scaled_target(tt.config(tt.GREEDY_VOCAB, num_heads=4, num_kv_heads=2), seed=0)
+  programs = []
+  compiled = decoding._compiled
+
+  def spy(spec, *args):
+    program, seconds = compiled(spec, *args)
+    programs.append(program)
+    return program, seconds
+
+  monkeypatch.setattr(decoding, "_compiled", spy)
+  specjax.generate(target, [PROMPTS[1]], max_new_tokens=NEW, drafter=_CHAIN_DRAFTERS[name](target),
+                   pad_to=PAD)
+  hlo = programs[-1].as_text()
+  computations = {c.split(" ", 1)[0]: c for c in re.split(r"\n(?=%)", hlo)}
+  loops = [computations[name] for name in re.findall(r"body=(%[\w.\-]+)", hlo)]
+  assert loops, "no while loop in the program"
+  cfg = target.config
+  layer = rf"\w+\[1,\d+,{cfg.num_kv_heads},{cfg.head_dim}\]"
+  copies = [c for body in loops for c in re.findall(rf"= {layer}\{{[^}}]*\}} copy\(", body)]
+  assert not copies, f"{len(copies)} copies of a layer's KV cache per round: {copies[:2]}"
 
 
 # ------------------------------------------------------------------------------------------------

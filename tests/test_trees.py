@@ -166,6 +166,25 @@ def test_chain_builder():
   assert tree.q is None
 
 
+def test_chain_flag_marks_exactly_the_static_chains():
+  """`Tree.chain` (static) is set on every builder's chains and on nothing that branches: a tree
+  marked a chain is committed without moving its nodes' KV rows, so a wrong mark would keep the
+  wrong rows."""
+  tokens = np.zeros((2, 4), int)
+  assert trees.chain(tokens).chain and Tree.empty(2).chain
+  assert TreeTemplate.chain(4).tree(tokens).chain
+  assert not TreeTemplate.from_paths(MEDUSA).tree(np.zeros((2, 5), int)).chain
+  logp = jax.nn.log_softmax(jax.random.normal(jax.random.key(0), (2, 4, 16)))
+  for top_k, num_nodes, want in ((1, 4, True), (3, 1, True), (3, 6, False)):
+    tree = trees.tree_from_marginals(logp, num_nodes=num_nodes, top_k=top_k).tree
+    assert tree.chain == want
+    if want:
+      np.testing.assert_array_equal(tree.parent, [list(range(-1, num_nodes - 1))] * 2)
+  assert trees.is_chain(np.array([-1, 0, 1])) and not trees.is_chain(np.array([-1, 0, 0]))
+  # Static, so it survives jit and a pytree map.
+  assert jax.jit(lambda t: t)(trees.chain(tokens)).chain
+
+
 def test_tree_is_a_pytree_with_optional_q():
   """Tree passes through jit with and without q (None is an empty subtree), keeping its fields."""
   tpl = TreeTemplate.from_paths(MEDUSA)

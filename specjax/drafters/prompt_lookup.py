@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from specjax import checks
+from specjax import checks, trees
 from specjax.drafters.base import DraftContext, Stateless, TargetFacts, TargetView
 from specjax.drafters.registry import register
 from specjax.trees import Tree
@@ -79,7 +79,8 @@ class PromptLookup(Stateless):
     parent, depth = branch_structure(self.num_branches, self.num_tokens)
     b = tokens.shape[0]
     tree = Tree(tokens=tokens, parent=jnp.broadcast_to(parent, (b, self.num_nodes)),
-                depth=jnp.broadcast_to(depth, (b, self.num_nodes)), valid=valid, q=None)
+                depth=jnp.broadcast_to(depth, (b, self.num_nodes)), valid=valid, q=None,
+                chain=trees.is_chain(parent))
     return tree, state, ctx.cache
 
 
