@@ -228,7 +228,8 @@ def validate(tree: Tree, vocab_size: int | None = None) -> None:
   (1 under the root); children of invalid nodes are invalid; token ids in [0, V) when V is known
   (from `vocab_size` or q), for every node, since even an invalid node's token is embedded; q, when
   given, is a finite distribution for each valid node that gives its own token probability > 0
-  (a token with q(x) = 0 cannot have been sampled from q: the wrong q was passed).
+  (a token with q(x) = 0 cannot have been sampled from q: the wrong q was passed); a tree marked
+  `chain` is one in every row.
   """
   tokens, parent, depth, valid = (np.asarray(a) for a in
                                   (tree.tokens, tree.parent, tree.depth, tree.valid))
@@ -237,6 +238,9 @@ def validate(tree: Tree, vocab_size: int | None = None) -> None:
   for name, a in (("parent", parent), ("depth", depth), ("valid", valid)):
     if a.shape != tokens.shape:
       raise ValueError(f"{name} has shape {a.shape}, tokens have {tokens.shape}")
+  if tree.chain and not all(is_chain(row) for row in parent):
+    raise ValueError("the tree is marked chain=True but a node's parent is not the node before "
+                     "it: committing it would keep the wrong cache rows")
   q = None if tree.q is None else np.asarray(tree.q, np.float64)
   if q is not None and (q.ndim != 3 or q.shape[:2] != tokens.shape):
     raise ValueError(f"q has shape {q.shape}, expected {tokens.shape + ('V',)}")

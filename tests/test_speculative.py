@@ -260,7 +260,7 @@ def test_chain_rounds_update_the_cache_in_place(monkeypatch, name):
                    pad_to=PAD)
   hlo = programs[-1].as_text()
   computations = {c.split(" ", 1)[0]: c for c in re.split(r"\n(?=%)", hlo)}
-  loops = [computations[name] for name in re.findall(r"body=(%[\w.\-]+)", hlo)]
+  loops = [computations[body] for body in re.findall(r"body=(%[\w.\-]+)", hlo)]
   assert loops, "no while loop in the program"
   cfg = target.config
   layer = rf"\w+\[1,\d+,{cfg.num_kv_heads},{cfg.head_dim}\]"

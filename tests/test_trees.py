@@ -181,8 +181,9 @@ def test_chain_flag_marks_exactly_the_static_chains():
     if want:
       np.testing.assert_array_equal(tree.parent, [list(range(-1, num_nodes - 1))] * 2)
   assert trees.is_chain(np.array([-1, 0, 1])) and not trees.is_chain(np.array([-1, 0, 0]))
-  # Static, so it survives jit and a pytree map.
+  # Static: it survives jit, and validate accepts the marked chains.
   assert jax.jit(lambda t: t)(trees.chain(tokens)).chain
+  trees.validate(trees.chain(tokens))
 
 
 def test_tree_is_a_pytree_with_optional_q():
@@ -283,6 +284,7 @@ def test_validate_accepts_good_trees():
     (lambda t: t.replace(q=t.q.at[0, 0, 0].set(jnp.nan)), "non-finite"),
     (lambda t: t.replace(q=t.q[:, :, None]), "q has shape"),
     (lambda t: t.replace(valid=t.valid[:, :4]), "valid has shape"),
+    (lambda t: t.replace(chain=True), "marked chain"),
 ])
 def test_validate_names_the_problem(edit, message):
   """Each malformation raises ValueError with a message naming it (node 4 is the child of the
