@@ -34,7 +34,7 @@ import numpy as np
 from flax import struct
 from jax.experimental import multihost_utils
 
-from specjax import checks, metrics, sharding, trees, verify
+from specjax import checks, metrics, sharding, timing, trees, verify
 from specjax.drafters.base import (
     DraftContext,
     Drafter,
@@ -531,10 +531,10 @@ def profile_phases(target: Target, prompts, *, drafter: Drafter | None = None,
   runs them, so per-call dispatch is not counted (t_verify of autoregressive decoding is its
   in-loop step). Timing whole rounds, not draft phases alone, keeps a drafter whose state a draft
   leaves unchanged from being hoisted out of the loop: t_draft is what a round costs beyond a
-  verify phase. t_verify and t_round are each the difference between 2 * repeats and repeats
-  iterations (the fastest of `trials` runs at each length, the loops interleaved), which cancels
-  the call's fixed cost; t_prefill is the fastest of `trials` calls (a prefill is long enough to
-  time one call at a time).
+  verify phase. t_verify and t_round are each the fastest of `trials` runs of 2 * repeats
+  iterations less the fastest call of none, over 2 * repeats (`specjax.timing.per_iteration`, the
+  loops interleaved), which cancels the call's fixed cost; t_prefill is the fastest of `trials`
+  calls (a prefill is long enough to time one call at a time).
   `<name>_spread` is the range (max - min) of the per-trial estimates. Nothing is clamped: a
   difference of noisy timings can come out negative, and a caller judging the figures needs to
   see that (`specjax.benchmark` marks such cells). The ideal speedup of a method is
@@ -614,32 +614,16 @@ def _profile(spec: _Spec, args: tuple, repeats: int, trials: int) -> dict[str, f
   params, drafter, eos = args[0], args[1], args[5]
   state = _prefill_program(spec, *args)
 
-  def call(n_verify: int, n_round: int) -> float:
-    start = time.perf_counter()
-    jax.block_until_ready(_loops_program(spec, params, drafter, eos, state, n_verify, n_round))
-    return time.perf_counter() - start
+  def loops(n_verify: int, n_round: int):
+    return jax.block_until_ready(
+        _loops_program(spec, params, drafter, eos, state, n_verify, n_round))
 
-  loops = {"verify": lambda n: (n, 0)}
+  runs = {"verify": lambda n: loops(n, 0)}
   if drafter.num_nodes:
-    loops["round"] = lambda n: (0, n)
-  counts = {(name, n): loops[name](n) for name in loops for n in (repeats, 2 * repeats)}
-  walls = {key: [] for key in counts}
-  for trial in range(trials + 1):  # interleaved, so drift in the machine's speed hits all alike
-    for key, (n_verify, n_round) in counts.items():
-      wall = call(n_verify, n_round)
-      if trial:  # the first trial compiles and warms up
-        walls[key].append(wall)
-  per_round = {}
-  for name in loops:
-    short, long = np.asarray(walls[name, repeats]), np.asarray(walls[name, 2 * repeats])
-    per_round[name] = ((long.min() - short.min()) / repeats, (long - short) / repeats)
-
-  prefill_trials = []
-  for _ in range(trials):
-    start = time.perf_counter()
-    jax.block_until_ready(_prefill_program(spec, *args[:-1], state.cache))
-    prefill_trials.append(time.perf_counter() - start)
-  prefill_trials = np.asarray(prefill_trials)
+    runs["round"] = lambda n: loops(0, n)
+  per_round = timing.per_iteration(runs, 2 * repeats, trials)
+  prefill = np.asarray([timing.wall(lambda: jax.block_until_ready(
+      _prefill_program(spec, *args[:-1], state.cache))) for _ in range(trials)])
 
   def spread(per_trial: np.ndarray) -> float:
     return float(per_trial.max() - per_trial.min())
@@ -651,7 +635,7 @@ def _profile(spec: _Spec, args: tuple, repeats: int, trials: int) -> dict[str, f
   else:
     t_draft, draft_spread = 0.0, 0.0
   return {
-      "t_prefill": float(prefill_trials.min()), "t_prefill_spread": spread(prefill_trials),
+      "t_prefill": float(prefill.min()), "t_prefill_spread": spread(prefill),
       "t_draft": float(t_draft), "t_draft_spread": draft_spread,
       "t_verify": float(t_verify), "t_verify_spread": spread(verify_trials),
   }

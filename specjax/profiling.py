@@ -17,8 +17,8 @@ forward with every block row's logits, the acceptance walk and the cache commit
                     phase: what `experiments.bench_roofline` reports as t_verify(N + 1) / t_step.
 
 Each part runs inside a `lax.fori_loop` whose carry feeds the next iteration (nothing is hoisted
-out of the loop or dropped as dead), timed as the difference between 2 * repeats and repeats
-iterations, fastest of `trials` runs each, so dispatch and the call's fixed cost cancel.
+out of the loop or dropped as dead), timed as 2 * repeats iterations less none, fastest of
+`trials` runs each (`specjax.timing`), so dispatch and the call's fixed cost cancel.
 
 `kernel_times` looks inside a whole decode round instead, with JAX's profiler: every kernel the
 compiled program runs (an XLA fusion, a dot, a copy), filed by the named scopes the model and
@@ -36,7 +36,6 @@ import json
 import os
 import re
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -44,7 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import checks, trees, verify
+from specjax import checks, timing, trees, verify
 from specjax.decoding import MIN_BUCKET, bucket_length, cache_length, profile_phases, round_loop
 from specjax.drafters.oracle import Oracle
 from specjax.models import decoder
@@ -58,21 +57,11 @@ PARTS = ("forward", "lm_head", "dead_slots", "accept", "accept_sampled", "commit
 
 def per_iteration(body: Callable[[Any], Any], carry: Any, repeats: int, trials: int) -> float:
   """Seconds per iteration of `body: carry -> carry` run in a compiled `lax.fori_loop`: the
-  fastest of `trials` runs of 2 * repeats iterations minus the fastest of `repeats`, over
-  repeats (the runs interleaved, after one that compiles)."""
+  fastest of `trials` runs of 2 * repeats iterations less the fastest of none, over 2 * repeats
+  (`specjax.timing.per_iteration`)."""
   loop = jax.jit(lambda n, c: jax.lax.fori_loop(0, n, lambda _, c: body(c), c))
-
-  def wall(n: int) -> float:
-    start = time.perf_counter()
-    jax.block_until_ready(loop(n, carry))
-    return time.perf_counter() - start
-
-  wall(1)
-  short, long = [], []
-  for _ in range(trials):
-    short.append(wall(repeats))
-    long.append(wall(2 * repeats))
-  return (min(long) - min(short)) / repeats
+  runs = {"body": lambda n: jax.block_until_ready(loop(n, carry))}
+  return timing.per_iteration(runs, 2 * repeats, trials)["body"][0]
 
 
 def _live_cache(target: Target, slots: int, live: int) -> KVCache:
