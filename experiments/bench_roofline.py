@@ -70,7 +70,8 @@ def parts(target, name: str, sizes, prompt_len: int, max_new: int, repeats: int)
   print(f"\n### {name}: a verify step's parts (ms), {cfg.dtype} weights, {cfg.compute_dtype} "
         f"compute, prompt {prompt_len}, batch 1\n")
   header = ["T", "cache slots", "forward", "LM head (T-1 rows)", "empty cache slots",
-            "accept T=0", "accept T=1", "commit", "verify phase", "phase / t_step"]
+            "accept T=0", "accept T=1", "commit (chain)", "commit (tree)", "verify phase",
+            "phase / t_step"]
   for line in markdown_table(header, [
       [r["t"], r["cache_slots"], *(f"{r[k] * 1e3:.3f}" for k in PARTS), f"{r['ratio']:.2f}"]
       for r in rows]):

@@ -247,10 +247,7 @@ def _verify_phase(spec: _Spec, params, drafter, eos_ids, tree, s: DecodeState, a
     drafter_state = drafter.update(view, s.drafter_state, RoundResult(
         tree, acc, block, out.logits, out.hidden, live, history, hist_len))
   depth_bin = jnp.where(live, acc.n_accepted, drafter.num_nodes + 1)  # dead rows: dropped
-  with jax.named_scope("commit"):  # keeps the root + accepted nodes
-    # A chain's accepted nodes already sit in order after the root: nothing to move. (Moving an
-    # autoregressive round's one row onto itself made XLA copy every layer's cache twice.)
-    cache = out.cache.advance(n_emit) if tree.chain else out.cache.commit(acc.path, n_emit)
+  cache = commit_round(out.cache, acc.path, n_emit, chain=tree.chain)
   return s.replace(
       cache=cache,
       history=history, hist_len=hist_len,
@@ -258,6 +255,15 @@ def _verify_phase(spec: _Spec, params, drafter, eos_ids, tree, s: DecodeState, a
       calls=s.calls + live, rounds=s.rounds + 1,
       accepted_hist=s.accepted_hist.at[depth_bin].add(1, mode="drop"),
       drafter_state=drafter_state)
+
+
+@jax.named_scope("commit")
+def commit_round(cache: KVCache, path: jax.Array, n_emit: jax.Array, *, chain: bool) -> KVCache:
+  """The cache after a verified round keeps the root and its accepted nodes: `path` [B, T] (the
+  block indices of the root and the accepted nodes, in order) and `n_emit` [B] of them. A chain's
+  accepted nodes already sit in order after the root, so it only advances the length. (Moving an
+  autoregressive round's one row onto itself made XLA copy every layer's cache twice.)"""
+  return cache.advance(n_emit) if chain else cache.commit(path, n_emit)
 
 
 def _round(spec: _Spec, params, drafter, eos_ids, s: DecodeState) -> DecodeState:

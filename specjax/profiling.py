@@ -11,7 +11,10 @@ forward with every block row's logits, the acceptance walk and the cache commit
   * `dead_slots`:   what attending the cache's not-yet-written slots costs: `forward` minus the
                     same forward over a cache of just the live slots and the block;
   * `accept`:       `verify.accept` on the block's logits (greedy, and sampled at T = 1);
-  * `commit`:       `KVCache.commit` of the whole block;
+  * `commit_chain`: the loop's commit of a chain's block (`decoding.commit_round`: the length
+                    advances, no rows move);
+  * `commit_tree`:  the commit of a tree whose accepted path is the whole block (every layer's
+                    rows gathered into place);
   * `phase`:        the loop's whole verify phase (`profile_phases` with a chain of T - 1 nodes),
                     which also updates the history and counters, and its ratio to the one-token
                     phase: what `experiments.bench_roofline` reports as t_verify(N + 1) / t_step.
@@ -44,7 +47,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import checks, timing, trees, verify
-from specjax.decoding import MIN_BUCKET, bucket_length, cache_length, profile_phases, round_loop
+from specjax.decoding import (
+  MIN_BUCKET,
+  bucket_length,
+  cache_length,
+  commit_round,
+  profile_phases,
+  round_loop,
+)
 from specjax.drafters.oracle import Oracle
 from specjax.models import decoder
 from specjax.models.cache import KVCache
@@ -52,7 +62,8 @@ from specjax.sampling import SamplingConfig
 from specjax.target import Target
 
 # Each row's timed parts, in seconds (the order `bench_roofline` prints them in).
-PARTS = ("forward", "lm_head", "dead_slots", "accept", "accept_sampled", "commit", "phase")
+PARTS = ("forward", "lm_head", "dead_slots", "accept", "accept_sampled", "commit_chain",
+         "commit_tree", "phase")
 
 
 def per_iteration(body: Callable[[Any], Any], carry: Any, repeats: int, trials: int) -> float:
@@ -123,14 +134,15 @@ def _accept_loop(target: Target, t: int, sampling: SamplingConfig, repeats: int,
   return per_iteration(body, (logits, jax.random.key(0)), repeats, trials)
 
 
-def _commit_loop(cache: KVCache, t: int, repeats: int, trials: int) -> float:
-  """Per-iteration seconds of committing a whole block of T slots (the length is reset after
-  each commit, so every iteration moves the same slots)."""
+def _commit_loop(cache: KVCache, t: int, chain: bool, repeats: int, trials: int) -> float:
+  """Per-iteration seconds of the loop's commit of a whole block of T slots
+  (`decoding.commit_round`): a chain's, or a tree's whose path is the whole block (the length is
+  reset after each commit, so every iteration keeps the same slots)."""
   path = jnp.arange(t, dtype=jnp.int32)[None, :]
   n = jnp.full((1,), t, jnp.int32)
 
   def body(cache):
-    return cache.commit(path, n).replace(length=cache.length)
+    return commit_round(cache, path, n, chain=chain).replace(length=cache.length)
 
   return per_iteration(body, cache, repeats, trials)
 
@@ -178,7 +190,8 @@ def verify_parts(target: Target, sizes: Sequence[int] = (1, 2, 4, 8, 16), *,
            "accept": _accept_loop(target, t, SamplingConfig(), repeats, trials),
            "accept_sampled": _accept_loop(target, t, SamplingConfig(temperature=1.0), repeats,
                                           trials),
-           "commit": _commit_loop(full, t, repeats, trials),
+           "commit_chain": _commit_loop(full, t, True, repeats, trials),
+           "commit_tree": _commit_loop(full, t, False, repeats, trials),
            "phase": _phase(target, t, prompt_len, max_new, repeats, trials)}
     rows.append(row)
   base = next((r["phase"] for r in rows if r["t"] == 1), None)
