@@ -151,8 +151,8 @@ def run_methods(target: Target, runs: Sequence[tuple[str, dict[str, Any] | None]
   tokens and sampling, and a later call with the same reuses them (its records say
   `phases_reused`) instead of timing them again.
   """
-  # One padded length for every prompt (one program per method), a power of two as generate's
-  # own buckets: runs over other prompts of a similar length then share the compiled programs.
+  # One padded length for every prompt (one program per method), a bucket as generate's own:
+  # runs over other prompts of a similar length then share the compiled programs.
   pad_to = bucket_length(max(len(p) for p in prompts), target.config.max_position_embeddings)
   groups = [list(prompts[i:i + batch_size]) for i in range(0, len(prompts), batch_size)]
   setups = []

@@ -7,11 +7,13 @@ Conventions (the field's):
   * a round emits the accepted draft tokens plus one bonus token sampled from the target;
   * `target_calls` counts target forward passes (prefill included), so AR has tau = 1.0 exactly.
 
-Shapes are static per bucket: prompt lengths, `max_new_tokens` and the batch are each padded up
-to a power of two (the batch with rows that start finished), so a new length or batch size inside
-a bucket reuses the compiled program. Sampling's temperature and top-p are traced values (only
-greedy vs sampled, top-k and top-p on/off select programs), as is `max_new_tokens` itself: a
-sweep over temperatures, top-p values or generation lengths compiles once per bucket.
+Shapes are static per bucket: prompt lengths and `max_new_tokens` are each padded up to a power of
+two, or from 128 on to the next of the powers of two and their midpoints (192, 384, ...:
+`bucket_lengths`), and the batch to a power of two (with rows that start finished), so a new
+length or batch size inside a bucket reuses the compiled program. Sampling's temperature and
+top-p are traced values (only greedy vs sampled, top-k and top-p on/off select programs), as is
+`max_new_tokens` itself: a sweep over temperatures, top-p values or generation lengths compiles
+once per bucket.
 
 On a device mesh (a target from `Target.on_mesh` or `load_target(mesh=...)`) the same program is
 compiled with explicit shardings (`specjax.sharding`): params and drafter by the partition rules,
@@ -51,6 +53,11 @@ from specjax.sampling import SamplingConfig, row_keys, sample
 from specjax.target import Target
 
 MIN_BUCKET = 16
+# From here on buckets also come at 1.5x a power of two: a long prompt (or generation) pads by at
+# most half instead of doubling, in the prefill's work and in the cache slots every round attends
+# to, at one more program per octave. Below it the programs are cheap to pad and a finer grid
+# would only compile more of them.
+FINE_BUCKETS = 128
 
 
 @struct.dataclass
@@ -118,12 +125,21 @@ class _Spec:
   mesh: jax.sharding.Mesh | None = None
 
 
-def bucket_length(n: int, limit: int) -> int:
-  """Smallest power of two >= n (at least MIN_BUCKET), capped at `limit`."""
-  b = MIN_BUCKET
-  while b < n:
+def bucket_lengths(limit: int) -> list[int]:
+  """The bucket lengths up to `limit`: powers of two from MIN_BUCKET, and from FINE_BUCKETS on
+  the midpoints between them (192, 384, 768, ...)."""
+  out, b = [], MIN_BUCKET
+  while b < limit:
+    out.append(b)
+    if b >= FINE_BUCKETS:
+      out.append(b * 3 // 2)
     b *= 2
-  return max(min(b, limit), n)
+  return [x for x in out if x < limit] + [limit]
+
+
+def bucket_length(n: int, limit: int) -> int:
+  """The smallest bucket >= n (`bucket_lengths`), capped at `limit` (n itself when longer)."""
+  return max(next(b for b in bucket_lengths(limit) if b >= min(n, limit)), n)
 
 
 def cache_length(prompt_bucket: int, max_new_tokens: int, num_nodes: int, limit: int) -> int:
@@ -485,8 +501,8 @@ def generate(target: Target, prompts: Sequence[str | Sequence[int]], *, max_new_
   decoding, sampled tokens with exactly the target's distribution (temperature, top-k, top-p).
   eos_token_id: ids that stop a row (default: the config's; [] disables). A row stops at its
   first EOS (kept in the output) or after exactly `max_new_tokens` tokens.
-  pad_to: pad prompts to this many tokens instead of the next power-of-two bucket (one program
-  for a whole benchmark set). seed: an int in [0, 2**32) (jax would alias larger ones).
+  pad_to: pad prompts to this many tokens instead of their bucket (one program for a whole
+  benchmark set). seed: an int in [0, 2**32) (jax would alias larger ones).
   mesh: run on this device mesh (a Mesh or a spec such as 'dp=2,tp=4'; default: the target's
   own, `Target.on_mesh`); the output is the same on every mesh.
   Raises ValueError for a bad argument (before compiling), for a drafter built for another

@@ -85,6 +85,32 @@ def test_a_new_temperature_changes_the_draws_not_the_program(target):
   assert decoding.generate(target, PROMPTS[:1], temperature=2.0, **kw).tokens == hot
 
 
+def test_bucket_lengths():
+  """Powers of two, and from 128 on their midpoints too: a long prompt pads by less than half,
+  a short one to at most twice its length (at least 16), and the context caps every bucket."""
+  buckets = decoding.bucket_lengths(2048)
+  assert buckets == [16, 32, 64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048]
+  for n in range(1, 2049):
+    b = decoding.bucket_length(n, 2048)
+    assert b in buckets and b >= n and not any(n <= c < b for c in buckets)
+    assert b < 1.5 * n if n > 128 else b <= max(2 * n, 16)
+  assert decoding.bucket_lengths(100) == [16, 32, 64, 100]
+  assert decoding.bucket_length(130, 150) == 150 and decoding.bucket_length(200, 150) == 200
+
+
+def test_prompt_lengths_in_a_bucket_share_one_program(target):
+  """Prompts of 129 to 192 tokens pad to the 192 bucket (one program); 193 takes the next."""
+  decoding.release_compiled()
+  rs = np.random.RandomState(0)
+  kw = dict(max_new_tokens=4, eos_token_id=[])
+  with count_compiles() as seen:
+    for n in (129, 160, 192):
+      decoding.generate(target, [rs.randint(0, 64, n).tolist()], **kw)
+    assert len(seen) == 1
+    decoding.generate(target, [rs.randint(0, 64, 193).tolist()], **kw)
+    assert len(seen) == 2
+
+
 def test_generation_lengths_in_a_bucket_share_one_program(target):
   """max_new_tokens 17..32 share the 32 bucket; each call still stops at its own length, and a
   shorter greedy generation is a prefix of a longer one."""
