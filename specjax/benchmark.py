@@ -133,7 +133,8 @@ def load_prompts(target: Target, dataset: str, cfg: BenchmarkConfig) -> list[lis
 def run_methods(target: Target, runs: Sequence[tuple[str, dict[str, Any] | None]],
                 prompts: Sequence[list[int]], cfg: BenchmarkConfig, bar=None, *,
                 repeats: int = 1, profile: bool = True, batch_size: int = 1,
-                phase_memo: dict | None = None) -> list[dict[str, Any]]:
+                phase_memo: dict | None = None, pad_to: int | None = None
+                ) -> list[dict[str, Any]]:
   """Each (method, builder options or None for the config's) on every prompt.
 
   The runs are interleaved prompt by prompt (prompt 0 with every method, then prompt 1, ...), so
@@ -149,11 +150,13 @@ def run_methods(target: Target, runs: Sequence[tuple[str, dict[str, Any] | None]
   tokens, the sampling mode), not on which prompt it decodes: `phase_memo`, a dict shared by the
   calls of one run (e.g. one per dataset), keeps them by method, options, padded length, new
   tokens and sampling, and a later call with the same reuses them (its records say
-  `phases_reused`) instead of timing them again.
+  `phases_reused`) instead of timing them again. `pad_to` pads the prompts to at least that
+  many tokens: a run over several datasets passes the bucket of their longest prompt
+  (`common_pad`), so each method runs one program, and times its phases once, for all of them.
   """
   # One padded length for every prompt (one program per method), a bucket as generate's own:
   # runs over other prompts of a similar length then share the compiled programs.
-  pad_to = bucket_length(max(len(p) for p in prompts), target.config.max_position_embeddings)
+  pad_to = max(pad_to or 0, common_pad(target, [prompts]))
   groups = [list(prompts[i:i + batch_size]) for i in range(0, len(prompts), batch_size)]
   setups = []
   phase_memo = {} if phase_memo is None else phase_memo
@@ -216,6 +219,12 @@ def run_methods(target: Target, runs: Sequence[tuple[str, dict[str, Any] | None]
   if bar is not None:
     bar.set_postfix_str(base_postfix)  # the caller's postfix: a later call starts from it
   return records
+
+
+def common_pad(target: Target, prompt_sets: Sequence[Sequence[list[int]]]) -> int:
+  """The padded prompt length of a run over `prompt_sets`: the bucket of their longest prompt."""
+  longest = max(len(p) for prompts in prompt_sets for p in prompts)
+  return bucket_length(longest, target.config.max_position_embeddings)
 
 
 def running_figures(methods: Sequence[str], acc: Sequence[dict[str, Any]]) -> str:
@@ -483,13 +492,14 @@ def run(cfg: BenchmarkConfig, report: Callable[[str], None] | None = None
   methods = methods_of(cfg, target)
   prompts = {dataset_name(d): load_prompts(target, d, cfg) for d in datasets_of(cfg)}
   records, phase_memo = [], {}
+  pad_to = common_pad(target, list(prompts.values()))
   total = sum(len(p) for p in prompts.values()) * len(methods)
   with tqdm(total=total, desc="benchmark", dynamic_ncols=True) as bar:
     for dataset, rows in prompts.items():
       bar.set_postfix(dataset=dataset)
       group = [dict(r, dataset=dataset)
                for r in run_methods(target, [(m, None) for m in methods], rows, cfg, bar,
-                                    phase_memo=phase_memo)]
+                                    phase_memo=phase_memo, pad_to=pad_to)]
       _finish(group)
       records += group
       if report is not None and distributed.is_main_process():

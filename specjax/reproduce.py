@@ -19,6 +19,7 @@ kept (`Session.measure`): `all` measures a configuration once when several table
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -33,6 +34,7 @@ from specjax.benchmark import (
   AR,
   BenchmarkConfig,
   add_speedups,
+  common_pad,
   configured_target,
   dataset_name,
   datasets_of,
@@ -159,6 +161,12 @@ class Session:
       self._prompts[dataset, n] = load_prompts(self.target, self._sources[dataset], cfg)
     return self._prompts[dataset, n]
 
+  @functools.cached_property
+  def pad_to(self) -> int:
+    """One padded prompt length for every table (`common_pad` over the datasets' prompts): each
+    method runs one compiled program in the whole job."""
+    return common_pad(self.target, [self.prompts(d) for d in self.datasets])
+
   def measure(self, dataset: str, runs: Sequence[tuple[str, dict[str, Any] | None]], *,
               temperature: float = 0.0, repeats: int = 1, profile: bool = False,
               batch_size: int = 1, num_prompts: int | None = None) -> list[dict[str, Any]]:
@@ -176,7 +184,8 @@ class Session:
     records = [dict(r, dataset=dataset, temperature=float(temperature), options=o)
                for r, (_, o) in zip(run_methods(
                    self.target, runs, self.prompts(dataset, num_prompts), cfg, self.bar,
-                   repeats=repeats, profile=profile, batch_size=batch_size), runs)]
+                   repeats=repeats, profile=profile, batch_size=batch_size, pad_to=self.pad_to),
+               runs)]
     if any(m == AR for m, _ in runs):
       add_speedups(records)
     self._groups += 1
