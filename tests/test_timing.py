@@ -42,8 +42,9 @@ def test_the_fixed_cost_and_the_compile_cancel(clock):
   assert out["verify"][0] == pytest.approx(0.002)
   assert out["round"][0] == pytest.approx(0.005)
   np.testing.assert_allclose(out["round"][1], [0.005] * 3)
-  # One zero-iteration call each compiles; then each trial times none and n of every loop.
-  assert clock.calls[:2] == [("verify", 0), ("round", 0)]
+  # One one-iteration call each compiles and warms up; then each trial times none and n of
+  # every loop.
+  assert clock.calls[:2] == [("verify", 1), ("round", 1)]
   assert clock.calls[2:] == [("verify", 0), ("verify", 40), ("round", 0), ("round", 40)] * 3
 
 
