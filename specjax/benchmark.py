@@ -130,10 +130,20 @@ def load_prompts(target: Target, dataset: str, cfg: BenchmarkConfig) -> list[lis
   return [r[-cfg.max_prompt_tokens:] for r in rows]
 
 
+@dataclasses.dataclass
+class RunMemo:
+  """What the `run_methods` calls of one run share: phase timings by setup (method, options,
+  padded length, new tokens, sampling), and the (setup, batch size) pairs whose program already
+  ran, which need no warm-up again."""
+
+  phases: dict[tuple, dict[str, float]] = dataclasses.field(default_factory=dict)
+  warm: set[tuple] = dataclasses.field(default_factory=set)
+
+
 def run_methods(target: Target, runs: Sequence[tuple[str, dict[str, Any] | None]],
                 prompts: Sequence[list[int]], cfg: BenchmarkConfig, bar=None, *,
                 repeats: int = 1, profile: bool = True, batch_size: int = 1,
-                phase_memo: dict | None = None, pad_to: int | None = None
+                memo: RunMemo | None = None, pad_to: int | None = None
                 ) -> list[dict[str, Any]]:
   """Each (method, builder options or None for the config's) on every prompt.
 
@@ -147,10 +157,11 @@ def run_methods(target: Target, runs: Sequence[tuple[str, dict[str, Any] | None]
   timings, which compile programs of their own.
 
   A method's phase timings depend on its shapes (its tree, the padded prompt length, the new
-  tokens, the sampling mode), not on which prompt it decodes: `phase_memo`, a dict shared by the
-  calls of one run (e.g. one per dataset), keeps them by method, options, padded length, new
-  tokens and sampling, and a later call with the same reuses them (its records say
-  `phases_reused`) instead of timing them again. `pad_to` pads the prompts to at least that
+  tokens, the sampling mode), not on which prompt it decodes: `memo`, shared by the calls of one
+  run (e.g. one per dataset), keeps them by method, options, padded length, new tokens and
+  sampling, and a later call with the same reuses them (its records say `phases_reused`)
+  instead of timing them again; nor does it warm up again a program an earlier call ran at the
+  same batch size. `pad_to` pads the prompts to at least that
   many tokens: a run over several datasets passes the bucket of their longest prompt
   (`common_pad`), so each method runs one program, and times its phases once, for all of them.
   """
@@ -159,16 +170,18 @@ def run_methods(target: Target, runs: Sequence[tuple[str, dict[str, Any] | None]
   pad_to = max(pad_to or 0, common_pad(target, [prompts]))
   groups = [list(prompts[i:i + batch_size]) for i in range(0, len(prompts), batch_size)]
   setups = []
-  phase_memo = {} if phase_memo is None else phase_memo
+  memo = RunMemo() if memo is None else memo
   for method, options in runs:
     options = cfg.options_for(method) if options is None else options
     drafter = None if method == AR else build_drafter(method, target, cfg, options)
     kwargs = dict(max_new_tokens=cfg.max_new_tokens, drafter=drafter,
                   temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
                   eos_token_id=[], pad_to=pad_to)
-    generate(target, groups[0], seed=cfg.seed, **kwargs)  # warm-up: compile, first calls
     phase_key = (method, repr(sorted(options.items())), cfg.drafter.get(method), pad_to,
                  cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p)
+    if (phase_key, batch_size) not in memo.warm:
+      generate(target, groups[0], seed=cfg.seed, **kwargs)  # warm-up: compile, first calls
+      memo.warm.add((phase_key, batch_size))
     setups.append((method, drafter, kwargs, phase_key))
   acc = [{"tokens": 0, "calls": 0, "walls": [0.0] * repeats, "hist": None, "outputs": []}
          for _ in runs]
@@ -199,12 +212,12 @@ def run_methods(target: Target, runs: Sequence[tuple[str, dict[str, Any] | None]
     alpha = metrics.acceptance_by_depth(a["hist"])  # None where never reached (JSON)
     phases = {}
     if profile:
-      reused = phase_key in phase_memo
+      reused = phase_key in memo.phases
       if not reused:
         if bar is not None:  # the bar counts the timed runs: say what runs after them
           show(so_far, f"timing {method}'s phases")
-        phase_memo[phase_key] = phase_timings(target, drafter, prompts[:1], cfg, pad_to)
-      phases = {**phase_memo[phase_key], "phases_reused": reused}
+        memo.phases[phase_key] = phase_timings(target, drafter, prompts[:1], cfg, pad_to)
+      phases = {**memo.phases[phase_key], "phases_reused": reused}
     records.append({
         "method": method, "tau": metrics.tau(a["tokens"], a["calls"]),
         "tokens_per_second": repeats * a["tokens"] / sum(a["walls"]),
@@ -491,7 +504,7 @@ def run(cfg: BenchmarkConfig, report: Callable[[str], None] | None = None
   target = configured_target(cfg)
   methods = methods_of(cfg, target)
   prompts = {dataset_name(d): load_prompts(target, d, cfg) for d in datasets_of(cfg)}
-  records, phase_memo = [], {}
+  records, memo = [], RunMemo()
   pad_to = common_pad(target, list(prompts.values()))
   total = sum(len(p) for p in prompts.values()) * len(methods)
   with tqdm(total=total, desc="benchmark", dynamic_ncols=True) as bar:
@@ -499,7 +512,7 @@ def run(cfg: BenchmarkConfig, report: Callable[[str], None] | None = None
       bar.set_postfix(dataset=dataset)
       group = [dict(r, dataset=dataset)
                for r in run_methods(target, [(m, None) for m in methods], rows, cfg, bar,
-                                    phase_memo=phase_memo, pad_to=pad_to)]
+                                    memo=memo, pad_to=pad_to)]
       _finish(group)
       records += group
       if report is not None and distributed.is_main_process():

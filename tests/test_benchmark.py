@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from specjax import provenance
+from specjax import benchmark, decoding, provenance
 from specjax.benchmark import (
     AR,
     MAX_RELATIVE_SPREAD,
@@ -24,10 +24,13 @@ def _reject_nan(name):
   raise ValueError(f"results.json holds {name}: not valid JSON")
 
 
-def test_benchmark_runs_and_reports(tmp_path):
+def test_benchmark_runs_and_reports(tmp_path, monkeypatch):
   """Two datasets, one of short prompts (a smaller bucket of their own), pad to one length for
-  the run: the second reuses the first's programs and phase timings (they depend on shapes, not
-  prompts) and says so; every other figure is its own."""
+  the run: the second reuses the first's programs (no second warm-up) and phase timings (they
+  depend on shapes, not prompts) and says so; every other figure is its own."""
+  calls = []
+  monkeypatch.setattr(benchmark, "generate",
+                      lambda *a, **k: calls.append(k["pad_to"]) or decoding.generate(*a, **k))
   prompt_file = tmp_path / "short_prompts.jsonl"
   short_text = "def f(x):\n    return x + 1\n"
   prompt_file.write_text("\n".join(json.dumps(short_text + str(i)) for i in range(2)) + "\n")
@@ -35,6 +38,8 @@ def test_benchmark_runs_and_reports(tmp_path):
                         datasets=("humaneval", str(prompt_file)), num_prompts=2,
                         max_new_tokens=16, profile_repeats=4, out=str(tmp_path / "out"))
   both = run(cfg)
+  # 3 warm-ups, then 2 prompts x 3 methods per dataset, all at one padded length.
+  assert len(calls) == 3 + 2 * 2 * 3 and len(set(calls)) == 1
   assert [r["dataset"] for r in both] == ["humaneval"] * 3 + ["short_prompts"] * 3
   records, again = both[:3], both[3:]
   assert [r["method"] for r in records] == [AR, "prompt_lookup", "eagle3"]
