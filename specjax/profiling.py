@@ -48,12 +48,12 @@ import numpy as np
 
 from specjax import checks, timing, trees, verify
 from specjax.decoding import (
-  MIN_BUCKET,
-  bucket_length,
-  cache_length,
-  commit_round,
-  profile_phases,
-  round_loop,
+    MIN_BUCKET,
+    bucket_length,
+    cache_length,
+    commit_round,
+    profile_phases,
+    round_loop,
 )
 from specjax.drafters.oracle import Oracle
 from specjax.models import decoder
