@@ -177,12 +177,12 @@ def run_methods(target: Target, runs: Sequence[tuple[str, dict[str, Any] | None]
     kwargs = dict(max_new_tokens=cfg.max_new_tokens, drafter=drafter,
                   temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
                   eos_token_id=[], pad_to=pad_to)
-    phase_key = (method, repr(sorted(options.items())), cfg.drafter.get(method), pad_to,
+    setup_key = (method, repr(sorted(options.items())), cfg.drafter.get(method), pad_to,
                  cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p)
-    if (phase_key, batch_size) not in memo.warm:
+    if (setup_key, batch_size) not in memo.warm:
       generate(target, groups[0], seed=cfg.seed, **kwargs)  # warm-up: compile, first calls
-      memo.warm.add((phase_key, batch_size))
-    setups.append((method, drafter, kwargs, phase_key))
+      memo.warm.add((setup_key, batch_size))
+    setups.append((method, drafter, kwargs, setup_key))
   acc = [{"tokens": 0, "calls": 0, "walls": [0.0] * repeats, "hist": None, "outputs": []}
          for _ in runs]
   base_postfix = getattr(bar, "postfix", None) or ""
@@ -208,16 +208,16 @@ def run_methods(target: Target, runs: Sequence[tuple[str, dict[str, Any] | None]
         so_far = running_figures([m for m, _ in runs], acc)
         show(so_far)
   records = []
-  for (method, drafter, _, phase_key), a in zip(setups, acc):
+  for (method, drafter, _, setup_key), a in zip(setups, acc):
     alpha = metrics.acceptance_by_depth(a["hist"])  # None where never reached (JSON)
     phases = {}
     if profile:
-      reused = phase_key in memo.phases
+      reused = setup_key in memo.phases
       if not reused:
         if bar is not None:  # the bar counts the timed runs: say what runs after them
           show(so_far, f"timing {method}'s phases")
-        memo.phases[phase_key] = phase_timings(target, drafter, prompts[:1], cfg, pad_to)
-      phases = {**memo.phases[phase_key], "phases_reused": reused}
+        memo.phases[setup_key] = phase_timings(target, drafter, prompts[:1], cfg, pad_to)
+      phases = {**memo.phases[setup_key], "phases_reused": reused}
     records.append({
         "method": method, "tau": metrics.tau(a["tokens"], a["calls"]),
         "tokens_per_second": repeats * a["tokens"] / sum(a["walls"]),
