@@ -201,14 +201,28 @@ def _visible(slots, length, n: int, words):
   return (rel < 0) | ((rel < n) & (bit != 0))
 
 
-def _online_softmax_step(q, k, v, visible, carry, sm_scale: float):
+def _dot_precision(dtype, backend: Backend, interpret) -> lax.Precision | lax.DotAlgorithmPreset:
+  """The kernel's matmul precision: f32-accurate products for float32 inputs on every path.
+
+  HIGHEST (IEEE f32 on Triton, full-precision passes on Mosaic; a no-op for bf16 inputs), except
+  compiled float32 on the GPU: there IEEE f32 means FMA loops without tensor cores (on an H200,
+  N = 64 over a 32k-slot cache took 50.6 ms, against 2.4 ms so and XLA's 0.9 ms), so the dots run
+  as three TF32 passes on tensor cores (split operands; max error 8e-8 against the reference
+  there). Interpret mode keeps HIGHEST: the CPU has no TF32.
+  """
+  if backend == "gpu" and not interpret and jnp.dtype(dtype) == jnp.float32:
+    return lax.DotAlgorithmPreset.TF32_TF32_F32_X3
+  return lax.Precision.HIGHEST
+
+
+def _online_softmax_step(q, k, v, visible, carry, sm_scale: float, precision):
   """FlashAttention-2 update of (running max, running sum, unnormalised acc) by one KV block.
 
-  q: [M, D]; k, v: [bk, D]; visible: bool[M, bk]; carry: f32 [M, 1], [M, 1], [M, D].
+  q: [M, D]; k, v: [bk, D]; visible: bool[M, bk]; carry: f32 [M, 1], [M, 1], [M, D];
+  precision: `_dot_precision`'s.
   """
   row_max, row_sum, acc = carry
-  # HIGHEST: float32 inputs get true f32 products (not TF32 / one bf16 pass); no-op for bf16.
-  scores = lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=lax.Precision.HIGHEST,
+  scores = lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=precision,
                            preferred_element_type=jnp.float32) * sm_scale
   scores = jnp.where(visible, scores, _MASK_VALUE)
   new_max = jnp.maximum(row_max, jnp.max(scores, axis=1)[:, None])
@@ -216,7 +230,7 @@ def _online_softmax_step(q, k, v, visible, carry, sm_scale: float):
   probs = jnp.where(visible, jnp.exp(scores - new_max), 0.0)
   row_sum = rescale * row_sum + jnp.sum(probs, axis=1)[:, None]
   pv = lax.dot_general(probs.astype(v.dtype), v, (((1,), (0,)), ((), ())),
-                       precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
+                       precision=precision, preferred_element_type=jnp.float32)
   return new_max, row_sum, rescale * acc + pv
 
 
@@ -287,7 +301,8 @@ def _partials_shape(b, splits, kv, m_pad, d):
 
 
 def _gpu_kernel(len_ref, q_ref, k_ref, v_ref, words_ref, acc_ref, max_ref, sum_ref, *,
-                n: int, sm_scale: float, block_kv: int, num_splits: int, seq_len: int):
+                n: int, sm_scale: float, block_kv: int, num_splits: int, seq_len: int,
+                precision):
   # q_ref [bq, D]; k_ref, v_ref [S, D] of this (row, KV head); words_ref [W, bq, 1];
   # acc_ref [bq, D], max_ref, sum_ref [bq, 1]: this split's unnormalised partials.
   length = len_ref[pl.program_id(0)]
@@ -307,7 +322,7 @@ def _gpu_kernel(len_ref, q_ref, k_ref, v_ref, words_ref, acc_ref, max_ref, sum_r
     v = plgpu.load(v_ref.at[pl.ds(first, block_kv), :], mask=fresh_col, other=0.0)
     row = first + jnp.arange(block_kv)[None, :]
     visible = _visible(row, length, n, words) & (row >= start)
-    return _online_softmax_step(q, k, v, visible, carry, sm_scale)
+    return _online_softmax_step(q, k, v, visible, carry, sm_scale, precision)
 
   row_max, row_sum, acc = lax.fori_loop(lo, hi, body, _init_carry(q.shape[0], d))
   acc_ref[...] = acc
@@ -326,7 +341,8 @@ def _gpu_call(qm, k_cache, v_cache, length, words, *, n, sm_scale, sizes, block_
   splits = _num_splits(sizes, s, block_kv, b * kv * num_q, "gpu")
   num_words = words.shape[1]
   kernel = functools.partial(_gpu_kernel, n=n, sm_scale=sm_scale, block_kv=block_kv,
-                             num_splits=splits, seq_len=s)
+                             num_splits=splits, seq_len=s,
+                             precision=_dot_precision(qm.dtype, "gpu", interpret))
   partial_spec = pl.BlockSpec((None, None, None, block_q, 1), lambda i, j, r, p: (i, p, j, r, 0))
   inputs = (length, qm, k_cache, v_cache, words)
   out_shape = _partials_shape(b, splits, kv, m_pad, d)
@@ -360,7 +376,7 @@ def _gpu_call(qm, k_cache, v_cache, length, words, *, n, sm_scale, sizes, block_
 
 def _tpu_kernel(len_ref, q_ref, k_ref, v_ref, words_ref, acc_ref, max_ref, sum_ref,
                 acc_scratch, max_scratch, sum_scratch, *, n: int, sm_scale: float,
-                block_kv: int, num_splits: int, seq_len: int, num_kv_heads: int):
+                block_kv: int, num_splits: int, seq_len: int, num_kv_heads: int, precision):
   # len_ref: SMEM int32[B]; q_ref [K, bq, D]; k_ref, v_ref [bk, K * D] (all heads of one KV
   # block); words_ref [W, bq, 1]; outputs [K, bq, D] / [K, bq, 1]; scratch alike.
   step = pl.program_id(3)
@@ -389,7 +405,7 @@ def _tpu_kernel(len_ref, q_ref, k_ref, v_ref, words_ref, acc_ref, max_ref, sum_r
       v = jnp.where(live_col, v_ref[:, h * d:(h + 1) * d], 0).astype(v_ref.dtype)
       carry = (max_scratch[h], sum_scratch[h], acc_scratch[h])
       max_scratch[h], sum_scratch[h], acc_scratch[h] = _online_softmax_step(
-          q_ref[h], k, v, visible, carry, sm_scale)
+          q_ref[h], k, v, visible, carry, sm_scale, precision)
 
   @pl.when(step == pl.num_programs(3) - 1)
   def _finish():
@@ -414,7 +430,8 @@ def _tpu_call(qm, k_cache, v_cache, length, words, *, n, sm_scale, sizes, block_
     return i, jnp.maximum(jnp.minimum(lo + t, hi - 1), 0), 0
 
   kernel = functools.partial(_tpu_kernel, n=n, sm_scale=sm_scale, block_kv=block_kv,
-                             num_splits=splits, seq_len=s, num_kv_heads=kv)
+                             num_splits=splits, seq_len=s, num_kv_heads=kv,
+                             precision=_dot_precision(qm.dtype, "tpu", interpret))
   kv_spec = pl.BlockSpec((None, block_kv, kv * d), kv_index)
   partial_spec = pl.BlockSpec((None, None, kv, block_q, 1), lambda i, r, p, t, _: (i, p, 0, r, 0))
   grid_spec = pltpu.PrefetchScalarGridSpec(

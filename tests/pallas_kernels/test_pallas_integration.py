@@ -55,7 +55,10 @@ def test_adapter_matches_xla_attention(t, lengths, kind):
   else:
     new_mask = jnp.asarray(random_tree_mask(np.random.default_rng(1), 2, t))
     new_mask = new_mask.at[:, 0, 1:].set(False)
-  want = attention.xla_attention(q, k, v, length, new_mask, sm_scale=0.2)
+  # XLA's default f32 matmul on a GPU is one TF32 pass (~1e-3 off); the kernel's products are
+  # f32-accurate on every backend, so it is compared with f32 products.
+  with jax.default_matmul_precision("highest"):
+    want = attention.xla_attention(q, k, v, length, new_mask, sm_scale=0.2)
   got = pallas_attention(q, k, v, length, new_mask, sm_scale=0.2)
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=0,
                              atol=1e-5 * float(jnp.abs(want).max()))
@@ -122,8 +125,9 @@ def test_benchmark_entry_point_runs(capsys):
                              "2", "--head-dim", "32", "--dtype", "float32", "--iters", "1",
                              "--cpu-max-size", "64"])
   checked = [r for r in rows if r.impl == "pallas" and r.seconds]
-  assert len(checked) == 2 and all(r.note == "ok" for r in checked)
-  assert [r.impl for r in rows if r.seconds] == ["pallas", "reference", "xla"] * 2
+  points = 2 if jax.default_backend() == "cpu" else 4  # CPU: S = 5000 > --cpu-max-size skipped
+  assert len(checked) == points and all(r.note == "ok" for r in checked)
+  assert [r.impl for r in rows if r.seconds] == ["pallas", "reference", "xla"] * points
   assert "max err" in capsys.readouterr().out
 
 

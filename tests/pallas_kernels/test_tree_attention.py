@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax import lax
 
 from pallas_kernels import (
   BlockSizes,
@@ -211,6 +212,40 @@ def test_cost_estimate_from_the_shapes(platform, backend):
   if backend == "tpu":  # Mosaic carries it into the custom call (Triton's lowering drops it)
     text = fn.trace(q, cache, cache, length, mask).lower(lowering_platforms=(platform,)).as_text()
     assert re.search(rf"flops(\\22)?:{cost.flops}\b", text)  # JSON in an escaped MLIR string
+
+
+def _dot_precisions(jaxpr):
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "dot_general":
+      yield eqn.params["precision"]
+    for value in eqn.params.values():
+      for sub in value if isinstance(value, (tuple, list)) else [value]:
+        inner = getattr(sub, "jaxpr", sub)
+        if hasattr(inner, "eqns"):
+          yield from _dot_precisions(inner)
+
+
+@pytest.mark.parametrize("backend,interpret,dtype,want", [
+    ("gpu", False, jnp.float32, lax.DotAlgorithmPreset.TF32_TF32_F32_X3),  # tensor cores
+    ("gpu", True, jnp.float32, lax.Precision.HIGHEST),  # the CPU has no TF32
+    ("gpu", False, jnp.bfloat16, lax.Precision.HIGHEST),
+    ("tpu", False, jnp.float32, lax.Precision.HIGHEST),
+])
+def test_kernel_dots_are_float32_accurate(backend, interpret, dtype, want):
+  """Both dots of the online softmax get f32-accurate products for float32 inputs: IEEE on the
+  CPU and Mosaic, three TF32 passes when compiled for the GPU (IEEE f32 there runs without
+  tensor cores), and one pass for bf16, whose products are exact in f32."""
+  q = jax.ShapeDtypeStruct((1, 9, 8, 64), dtype)
+  cache = jax.ShapeDtypeStruct((1, 256, 2, 64), dtype)
+  fn = jax.jit(lambda *a: tree_attention(*a, sm_scale=0.125, backend=backend,
+                                         interpret=interpret))
+  jaxpr = jax.make_jaxpr(fn)(q, cache, cache, jax.ShapeDtypeStruct((1,), jnp.int32),
+                             jax.ShapeDtypeStruct((1, 9, 9), jnp.bool_)).jaxpr
+  (call,) = _pallas_calls(jaxpr)
+  precisions = list(_dot_precisions(call.params["jaxpr"]))
+  assert len(precisions) == (4 if backend == "tpu" else 2)  # Mosaic unrolls its K = 2 heads
+  for precision in precisions:
+    assert want in (precision if isinstance(precision, tuple) else (precision,))
 
 
 @pytest.mark.parametrize("change,message", [
