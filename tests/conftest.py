@@ -25,6 +25,9 @@ _TEST_XLA_FLAGS = {
 _flags = os.environ.get("XLA_FLAGS", "")
 os.environ["XLA_FLAGS"] = " ".join([_flags] + [f"--{k}={v}" for k, v in _TEST_XLA_FLAGS.items()
                                                if k not in _flags]).strip()
+# On a GPU every xdist worker is a JAX process of its own, and each would take 75% of the GPU's
+# memory at start (JAX's default preallocation): the second worker would fail to allocate.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 # The experiment entry points turn JAX's persistent compilation cache on by default; tests that
 # call them in-process must not write into the user's cache (tests/test_compile_cache.py gives
 # its subprocesses a folder of their own).
