@@ -184,15 +184,20 @@ def test_lowers_for_the_real_backend(platform, backend, n, d, dtype):
   assert "tree_attention" in text
 
 
-def _pallas_calls(jaxpr):
+def _equations(jaxpr, primitive: str):
+  """The equations of `primitive` in a jaxpr and every jaxpr nested in its equations' params."""
   for eqn in jaxpr.eqns:
-    if eqn.primitive.name == "pallas_call":
+    if eqn.primitive.name == primitive:
       yield eqn
     for value in eqn.params.values():
       for sub in value if isinstance(value, (tuple, list)) else [value]:
         inner = getattr(sub, "jaxpr", sub)
         if hasattr(inner, "eqns"):
-          yield from _pallas_calls(inner)
+          yield from _equations(inner, primitive)
+
+
+def _pallas_calls(jaxpr):
+  return _equations(jaxpr, "pallas_call")
 
 
 @pytest.mark.parametrize("platform,backend", [("cuda", "gpu"), ("tpu", "tpu")])
@@ -214,17 +219,6 @@ def test_cost_estimate_from_the_shapes(platform, backend):
     assert re.search(rf"flops(\\22)?:{cost.flops}\b", text)  # JSON in an escaped MLIR string
 
 
-def _dot_precisions(jaxpr):
-  for eqn in jaxpr.eqns:
-    if eqn.primitive.name == "dot_general":
-      yield eqn.params["precision"]
-    for value in eqn.params.values():
-      for sub in value if isinstance(value, (tuple, list)) else [value]:
-        inner = getattr(sub, "jaxpr", sub)
-        if hasattr(inner, "eqns"):
-          yield from _dot_precisions(inner)
-
-
 @pytest.mark.parametrize("backend,interpret,dtype,want", [
     ("gpu", False, jnp.float32, lax.DotAlgorithmPreset.TF32_TF32_F32_X3),  # tensor cores
     ("gpu", True, jnp.float32, lax.Precision.HIGHEST),  # the CPU has no TF32
@@ -242,7 +236,8 @@ def test_kernel_dots_are_float32_accurate(backend, interpret, dtype, want):
   jaxpr = jax.make_jaxpr(fn)(q, cache, cache, jax.ShapeDtypeStruct((1,), jnp.int32),
                              jax.ShapeDtypeStruct((1, 9, 9), jnp.bool_)).jaxpr
   (call,) = _pallas_calls(jaxpr)
-  precisions = list(_dot_precisions(call.params["jaxpr"]))
+  dots = _equations(call.params["jaxpr"], "dot_general")
+  precisions = [eqn.params["precision"] for eqn in dots]
   assert len(precisions) == (4 if backend == "tpu" else 2)  # Mosaic unrolls its K = 2 heads
   for precision in precisions:
     assert want in (precision if isinstance(precision, tuple) else (precision,))
