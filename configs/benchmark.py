@@ -4,6 +4,7 @@
   python -m experiments.benchmark --set temperature=0.7 --set top_p=0.9 --out out/sampled
   python -m experiments.benchmark --set methods=autoregressive,prompt_lookup --set num_prompts=4
   python -m experiments.benchmark --set mesh=dp=2,tp=4      # on a device mesh (8 devices)
+  python -m experiments.benchmark --set mesh=none           # on one device (one CPU core)
 
 Expected: a Markdown table (method, tau, tokens/s, speedup, target calls, share of time in
 drafting, ideal speedup) per dataset, results.json / results.md / PNG plots in `out`. The
@@ -24,4 +25,7 @@ def get_config() -> BenchmarkConfig:
       temperature=0.0, top_k=0, top_p=1.0, seed=0,
       profile_repeats=10,
       out="out/benchmark",
-      mesh=None)  # None = one device; "dp=2,tp=4": a mesh (the table gains bytes per device)
+      # "auto": the target split over every core (CPU) or device it divides into, dp=1 (on a
+      # 2-core CPU: tp=2); None = one device; "dp=2,tp=4": that mesh. On a mesh the table also
+      # gives the parameter bytes per device.
+      mesh="auto")

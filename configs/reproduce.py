@@ -29,4 +29,5 @@ def get_config() -> ReproduceConfig:
       batch_methods=("prompt_lookup", "draft_lm", "eagle"),
       batch_sizes=(1, 4, 16),
       batch_prompts=16,
-      out="out/reproduce")
+      out="out/reproduce",
+      mesh="auto")  # the target over every core, as torch's threads in the peers table

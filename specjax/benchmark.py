@@ -72,7 +72,8 @@ class BenchmarkConfig:
   data_dir: str | None = None
   # Per-method builder options as "method.option=value", e.g. "prompt_lookup.num_tokens=4".
   drafter_options: tuple[str, ...] = ()
-  # A device mesh such as "dp=2,tp=4" (`specjax.sharding.make_mesh`); None = one device.
+  # A device mesh such as "dp=2,tp=4" (`specjax.sharding.make_mesh`); None = one device;
+  # "auto" = tensor parallelism over every core or device the target allows (`auto_mesh`).
   mesh: str | None = None
 
   def options_for(self, method: str) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """The command line shared by the experiment entry points: `--config`, `--set`, `--stop-after`,
-the multi-process flags `--coordinator`, `--num-processes`, `--process-id`
-(`specjax.distributed`) and the persistent compilation cache's `--compile-cache DIR` /
-`--no-compile-cache` (`specjax.compile_cache`, on by default).
+the multi-process flags `--coordinator`, `--num-processes`, `--process-id`, the CPU devices
+`--cpu-devices N|auto` (`specjax.distributed`) and the persistent compilation cache's
+`--compile-cache DIR` / `--no-compile-cache` (`specjax.compile_cache`, on by default).
 
 A config problem (a bad `--set` item, an unknown field, a value the config refuses) or
 inconsistent multi-process flags are a usage error: one line `error: <message>` on stderr and
@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from specjax import compile_cache, distributed
+from specjax import compile_cache, distributed, sharding
 from specjax.config_utils import load_config
 
 
@@ -64,8 +64,11 @@ def load_from_args(args: argparse.Namespace, extra_overrides: Sequence[str] = ()
     cfg = load_config(resolve_config_path(args.config), [*args.set, *extra_overrides])
   except (ValueError, ImportError) as e:
     fail(str(e))
+  # A config whose mesh is "auto" spreads the model over the host's cores: one CPU device each
+  # (`--cpu-devices` or the environment may say otherwise; GPU and TPU hosts are unaffected).
+  auto = getattr(cfg, "mesh", None) == sharding.AUTO
   try:
-    distributed.from_args(args)
+    distributed.from_args(args, cpu_devices=sharding.AUTO if auto else None)
     compile_cache.from_args(args)
   except ValueError as e:
     fail(str(e))

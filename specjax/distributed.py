@@ -94,9 +94,23 @@ def _is_loopback(host: str) -> bool:
     return False
 
 
-def _set_cpu_devices(cpu_devices: int | None) -> None:
+def _cpu_devices_fixed_elsewhere() -> bool:
+  """Whether the environment already sets the number of CPU devices (XLA's host-platform flag or
+  JAX's variable), which `cpu_devices="auto"` then leaves as it is."""
+  return ("xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "")
+          or bool(os.environ.get("JAX_NUM_CPU_DEVICES")))
+
+
+def _set_cpu_devices(cpu_devices: int | str | None) -> None:
   if cpu_devices is None:
     return
+  if cpu_devices == AUTO:
+    # One device per core, for `mesh="auto"` (`sharding.auto_mesh`), unless the environment or
+    # an earlier start of the backend has already fixed the count.
+    if _backend_started() or _cpu_devices_fixed_elsewhere():
+      return
+    from specjax.sharding import host_cores
+    cpu_devices = host_cores()
   cpu_devices = _int("cpu_devices", cpu_devices, "the arguments")
   if cpu_devices < 1:
     raise ValueError(f"cpu_devices must be >= 1, got {cpu_devices}")
@@ -134,7 +148,7 @@ def _already_joined(coordinator: str | None, num_processes: int | None,
 
 
 def initialize(coordinator: str | None = None, num_processes: int | None = None,
-               process_id: int | None = None, *, cpu_devices: int | None = None,
+               process_id: int | None = None, *, cpu_devices: int | str | None = None,
                initialization_timeout: int = 300) -> ProcessInfo:
   """Joins this process to a multi-process run (`jax.distributed.initialize`), or does nothing
   for a single process; returns this process's id and the number of processes.
@@ -143,7 +157,9 @@ def initialize(coordinator: str | None = None, num_processes: int | None = None,
   process connects to it), or "auto" for JAX's cluster auto-detection (TPU pods, Slurm, Open
   MPI, Kubernetes). num_processes, process_id: the run's size and this process's rank in
   0..num_processes-1. Each unset one falls back to its environment variable (module docstring).
-  cpu_devices: the number of CPU devices this process gets (CPU runs; before the backend starts).
+  cpu_devices: the number of CPU devices this process gets (CPU runs; before the backend starts),
+    or "auto": one per core, unless the environment (`XLA_FLAGS`' host-platform device count,
+    `JAX_NUM_CPU_DEVICES`) or an earlier start of the backend has fixed the count.
   initialization_timeout: seconds to wait for every process to connect.
 
   Raises ValueError for inconsistent settings (a process_id outside the range, several processes
@@ -234,11 +250,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                      help="number of processes in the run")
   group.add_argument("--process-id", type=int, default=None, metavar="I",
                      help="this process's rank, 0..N-1 (0 prints and writes the results)")
+  group.add_argument("--cpu-devices", type=_cpu_devices_arg, default=None, metavar="N|auto",
+                     help="CPU devices of this process: N, or auto (one per core, what a "
+                     "config's mesh=auto spreads the model over; the default of the entry "
+                     "points whose configs use it)")
   return parser
 
 
-def from_args(args: argparse.Namespace, *, cpu_devices: int | None = None) -> ProcessInfo:
+def _cpu_devices_arg(text: str) -> int | str:
+  if text.strip() == AUTO:
+    return AUTO
+  try:
+    n = int(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"must be an int >= 1 or 'auto', got {text!r}") from None
+  if n < 1:
+    raise argparse.ArgumentTypeError(f"must be an int >= 1 or 'auto', got {n}")
+  return n
+
+
+def from_args(args: argparse.Namespace, *, cpu_devices: int | str | None = None) -> ProcessInfo:
   """`initialize` with the flags of `add_arguments` (a namespace without them: single-process
-  unless the environment says otherwise)."""
+  unless the environment says otherwise); `--cpu-devices` wins over `cpu_devices`."""
+  flag = getattr(args, "cpu_devices", None)
   return initialize(getattr(args, "coordinator", None), getattr(args, "num_processes", None),
-                    getattr(args, "process_id", None), cpu_devices=cpu_devices)
+                    getattr(args, "process_id", None),
+                    cpu_devices=cpu_devices if flag is None else flag)

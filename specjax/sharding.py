@@ -26,6 +26,7 @@ batch to a multiple of it.
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -37,6 +38,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 from specjax.models.config import ModelConfig
 
 DATA, MODEL = "data", "model"
+AUTO = "auto"  # the mesh spec of `auto_mesh`
 _SPEC_NAMES = {"dp": DATA, "data": DATA, "tp": MODEL, "model": MODEL}
 
 # (regex searched in the parameter path, logical axis per dimension). Order matters.
@@ -122,6 +124,44 @@ def make_mesh(spec: str | Mesh | None = None, *, devices: Sequence[Any] | None =
   sizes = parse_mesh_spec("dp=-1" if spec is None else spec, len(devices))
   return jax.make_mesh((sizes[DATA], sizes[MODEL]), (DATA, MODEL),
                        axis_types=(AxisType.Auto, AxisType.Auto), devices=devices)
+
+
+def host_cores() -> int:
+  """The cores this process may run on (its CPU affinity)."""
+  return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def auto_mesh(cfg: ModelConfig, devices: Sequence[Any] | None = None) -> Mesh | None:
+  """The mesh of `mesh="auto"`: tensor parallelism (dp=1) over as many of `devices` (default:
+  every device) as `cfg`'s heads, MLP units and vocabulary allow, or None when that is one.
+
+  On a CPU the devices are cores (`cpu_devices="auto"` makes one per core, `distributed`): a
+  single-device program leaves all but one core idle at batch 1, since XLA splits a decode step's
+  small matmuls across no threads. Emulated CPU devices beyond the cores would only share them, so
+  at most `host_cores()` of them count. dp stays 1 (every device works on the same rows, as a
+  batch of one needs); name a mesh such as `dp=2,tp=2` for batches.
+  """
+  devices = list(jax.devices() if devices is None else devices)
+  if devices and devices[0].platform == "cpu" and jax.process_count() == 1:
+    devices = devices[:host_cores()]
+  for tp in range(len(devices), 1, -1):
+    mesh = make_mesh(f"dp=1,tp={tp}", devices=devices[:tp])
+    try:
+      axis_map(cfg, mesh, strict=True)
+    except ShardingError:
+      continue
+    return mesh
+  return None
+
+
+def model_mesh(spec: str | Mesh | None, cfg: ModelConfig) -> Mesh | None:
+  """The mesh a model of `cfg` is placed on for `spec`: None (one device), "auto"
+  (`auto_mesh`, None where it finds one device), a spec such as 'dp=2,tp=4', or a Mesh."""
+  if spec is None:
+    return None
+  if isinstance(spec, str) and spec.strip() == AUTO:
+    return auto_mesh(cfg)
+  return make_mesh(spec)
 
 
 def mesh_spec(mesh: Mesh) -> str:

@@ -77,9 +77,13 @@ class Target:
     return dataclasses.replace(self, **changes)
 
   def on_mesh(self, mesh) -> Target:
-    """This target with its params laid out on `mesh` (a Mesh or a spec such as 'dp=2,tp=4')
-    by the partition rules of `specjax.sharding`."""
-    mesh = sharding.make_mesh(mesh)
+    """This target with its params laid out on `mesh` (a Mesh, a spec such as 'dp=2,tp=4', or
+    'auto': `sharding.auto_mesh`, which leaves a target it finds one device for as it is) by
+    the partition rules of `specjax.sharding`."""
+    mesh = sharding.model_mesh(mesh, self.config) if mesh == sharding.AUTO else (
+        sharding.make_mesh(mesh))
+    if mesh is None:
+      return self
     params = sharding.place(self.params, sharding.param_shardings(self.config, self.params, mesh))
     return self.replace(params=params, mesh=mesh)
 

@@ -264,8 +264,9 @@ def load_target(path: str | os.PathLike, dtype: str | None = None, *,
   `config.eos_token_id` holds the ids in force and `generation` what the file said.
   Tokenizer: `tokenizer.json` with `tokenizer_config.json`'s `split_special_tokens` (default
   false, as in transformers).
-  mesh: a device mesh (or a spec such as 'dp=2,tp=4', `specjax.sharding`): each tensor is read
-  slice by slice straight onto its shards (no whole copy per device), and the target runs there.
+  mesh: a device mesh (or a spec such as 'dp=2,tp=4', or 'auto', `specjax.sharding`): each
+  tensor is read slice by slice straight onto its shards (no whole copy per device), and the
+  target runs there.
   """
   path = os.fspath(path)
   config_file = os.path.join(path, "config.json")
@@ -284,7 +285,7 @@ def load_target(path: str | os.PathLike, dtype: str | None = None, *,
         raise ValueError(f"{os.path.join(path, _GENERATION)}: eos_token_id {e} outside the "
                          f"vocabulary [0, {cfg.vocab_size})")
     cfg = cfg.replace(eos_token_id=generation.eos_token_id)
-  mesh = None if mesh is None else sharding.make_mesh(mesh)
+  mesh = sharding.model_mesh(mesh, cfg)
   params = _params_from_source(cfg, _SafetensorsSource(path), mesh)
   tok = None
   if tokenizer and os.path.exists(os.path.join(path, TOKENIZER_FILE)):
