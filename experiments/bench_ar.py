@@ -3,9 +3,11 @@
   python -m experiments.bench_ar                       # the embedded target (or a random Qwen3
                                                        # of the same shape if none is shipped)
   python -m experiments.bench_ar --checkpoint DIR --max-new-tokens 128 --prompts 8
+  python -m experiments.bench_ar --mesh none           # specjax on one device (one core)
 
 Both run greedy, batch 1, on the CPU, with a warm-up call first (compile / first-call overhead
-excluded). Prints tokens/s of each and their ratio.
+excluded): torch on its default threads (one per core), specjax over every core (`--mesh auto`,
+the target split into one CPU device per core). Prints tokens/s of each and their ratio.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import time
 
 import numpy as np
 
-from specjax import compile_cache
+from specjax import compile_cache, distributed, sharding
 
 
 def _default_checkpoint(tmp: str) -> str:
@@ -42,7 +44,11 @@ def main(argv=None) -> dict:
   parser.add_argument("--prompt-len", type=int, default=64)
   parser.add_argument("--max-new-tokens", type=int, default=128)
   parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--mesh", default=sharding.AUTO,
+                      help="specjax's mesh: auto (every core), none (one device) or a spec")
   args = parser.parse_args(argv)
+  mesh = None if args.mesh.lower() == "none" else args.mesh
+  distributed.initialize(cpu_devices=sharding.AUTO if mesh == sharding.AUTO else None)
   compile_cache.from_args(args)
 
   import torch
@@ -52,7 +58,7 @@ def main(argv=None) -> dict:
 
   with tempfile.TemporaryDirectory() as tmp:
     path = args.checkpoint or _default_checkpoint(tmp)
-    target = specjax.load_target(path, dtype="float32")
+    target = specjax.load_target(path, dtype="float32", mesh=mesh)
     hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
   rs = np.random.RandomState(args.seed)
   prompts = [rs.randint(0, target.config.vocab_size, size=args.prompt_len).tolist()
@@ -82,6 +88,7 @@ def main(argv=None) -> dict:
   results = {
       "checkpoint": path if args.checkpoint else "embedded",
       "params": target.num_params,
+      "specjax_devices": sharding.describe(target.mesh),
       "specjax_tokens_per_second": sj_tokens / sj_time,
       "transformers_tokens_per_second": hf_tokens / hf_time,
   }
@@ -93,7 +100,8 @@ def main(argv=None) -> dict:
         f"{results['transformers_tokens_per_second']:.1f} |\n\n"
         f"ratio specjax / transformers: {results['ratio']:.2f}x  "
         f"({target.num_params / 1e6:.2f}M params, batch 1, greedy, {args.prompts} prompts x "
-        f"{n} new tokens, CPU threads: torch {torch.get_num_threads()})")
+        f"{n} new tokens, CPU threads: torch {torch.get_num_threads()}, specjax on "
+        f"{results['specjax_devices']})")
   return results
 
 

@@ -47,6 +47,7 @@ from specjax.benchmark import (
   unreliable_timings,
 )
 from specjax.drafters import registry
+from specjax.sharding import describe
 
 # The deepest level of the trees of the budget table: the shipped DFlash block's 7 drafted
 # positions, and EAGLE-2's default depth.
@@ -572,10 +573,11 @@ def peers_table(s: Session, out: str) -> Result:
   lines += _table(["implementation", "method", "tokens/s", "tau", "speedup over its own greedy",
                    "output = specjax greedy"], rows)
   lines += [f"torch runs on {threads} threads, the number of cores JAX's CPU client uses "
-            f"({jax_threads()} here). Both draft with the same draft LM and the same number of "
-            "tokens (transformers' constant schedule, its early stop on draft confidence off) and "
-            "look up the same n-gram sizes. tau for transformers counts the target's forward "
-            "calls (prefill included), as specjax's does.", ""]
+            f"({jax_threads()} here); specjax on {describe(s.target.mesh)} (the config's mesh: "
+            "auto splits the target over every core). Both draft with the same draft LM and the "
+            "same number of tokens (transformers' constant schedule, its early stop on draft "
+            "confidence off) and look up the same n-gram sizes. tau for transformers counts the "
+            "target's forward calls (prefill included), as specjax's does.", ""]
   plt = pyplot()
   fig, ax = plt.subplots(figsize=(8, 4))
   x = np.arange(len(PEER_METHODS))
