@@ -155,10 +155,8 @@ def auto_mesh(cfg: ModelConfig, devices: Sequence[Any] | None = None) -> Mesh | 
 
 
 def model_mesh(spec: str | Mesh | None, cfg: ModelConfig) -> Mesh | None:
-  """The mesh a model of `cfg` is placed on for `spec`: None (one device), "auto"
-  (`auto_mesh`, None where it finds one device), a spec such as 'dp=2,tp=4', or a Mesh."""
-  if spec is None:
-    return None
+  """The mesh a model of `cfg` is placed on for `spec`: "auto" (`auto_mesh`: None where it
+  finds one device), else `make_mesh(spec)`."""
   if isinstance(spec, str) and spec.strip() == AUTO:
     return auto_mesh(cfg)
   return make_mesh(spec)

@@ -80,8 +80,7 @@ class Target:
     """This target with its params laid out on `mesh` (a Mesh, a spec such as 'dp=2,tp=4', or
     'auto': `sharding.auto_mesh`, which leaves a target it finds one device for as it is) by
     the partition rules of `specjax.sharding`."""
-    mesh = sharding.model_mesh(mesh, self.config) if mesh == sharding.AUTO else (
-        sharding.make_mesh(mesh))
+    mesh = sharding.model_mesh(mesh, self.config)
     if mesh is None:
       return self
     params = sharding.place(self.params, sharding.param_shardings(self.config, self.params, mesh))

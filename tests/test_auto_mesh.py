@@ -50,7 +50,7 @@ def test_one_core_is_one_device(monkeypatch):
   assert sharding.auto_mesh(tt.MESH_CONFIG) is None
   target = tt.mesh_target()
   assert target.on_mesh("auto") is target and target.mesh is None
-  assert sharding.model_mesh(None, tt.MESH_CONFIG) is None
+  assert sharding.model_mesh("auto", tt.MESH_CONFIG) is None
 
 
 def test_auto_target_is_placed_as_its_spec_would(monkeypatch):

@@ -285,7 +285,7 @@ def load_target(path: str | os.PathLike, dtype: str | None = None, *,
         raise ValueError(f"{os.path.join(path, _GENERATION)}: eos_token_id {e} outside the "
                          f"vocabulary [0, {cfg.vocab_size})")
     cfg = cfg.replace(eos_token_id=generation.eos_token_id)
-  mesh = sharding.model_mesh(mesh, cfg)
+  mesh = None if mesh is None else sharding.model_mesh(mesh, cfg)
   params = _params_from_source(cfg, _SafetensorsSource(path), mesh)
   tok = None
   if tokenizer and os.path.exists(os.path.join(path, TOKENIZER_FILE)):
