@@ -95,11 +95,10 @@ def train_case(mesh, log=lambda what: None) -> list[float]:
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   from specjax import distributed
-  distributed.add_arguments(parser)
-  parser.add_argument("--cpu-devices", type=int, required=True)
+  distributed.add_arguments(parser)  # with --cpu-devices, which the workers are given
   parser.add_argument("--out", required=True)
   args = parser.parse_args(argv)
-  info = distributed.from_args(args, cpu_devices=args.cpu_devices)
+  info = distributed.from_args(args)
 
   import jax
 
@@ -111,7 +110,7 @@ def main(argv=None) -> None:
             "mesh_processes": sorted({d.process_index for d in mesh.devices.flat}),
             "main": distributed.is_main_process()}
   # Joining again with the same settings is allowed; asking for another rank is refused.
-  record["rejoin"] = list(distributed.from_args(args, cpu_devices=args.cpu_devices))
+  record["rejoin"] = list(distributed.from_args(args))
   try:
     other = (info.process_id + 1) % info.num_processes
     distributed.initialize(args.coordinator, args.num_processes, other)
