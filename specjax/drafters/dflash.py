@@ -11,6 +11,11 @@ itself and to the context *before* the anchor, whose features the target has com
 k of the output predicts the token at a + k through the drafter's final norm and the target's
 frozen LM head (restricted to the draft vocabulary, plus the history's recent tokens).
 
+The anchor feature (`anchor_feature`, an option of this codebase): the fused context of the
+position just before the anchor, the newest state the target has computed, also enters every
+block position's input through `anchor_proj` (zero at initialisation), a direct path like the
+feature EAGLE's input carries; the published layout reads the context through attention only.
+
 The mask embedding. Published DFlash checkpoints reuse a spare row of the target's embedding
 table (`mask_token_id`, e.g. Qwen3's 151669); a target whose vocabulary has no spare row (the
 embedded target) gets the drafter's own trained vector `mask_embedding` [E] instead.
@@ -58,6 +63,10 @@ class DFlashConfig:
   draft_vocab_size: int = 2048
   mask_token_id: int | None = None  # a target embedding row as the mask; None: own mask vector
   correction_rank: int = 0  # the causal correction's width (0: none; `Correction`)
+  # The anchor feature: the fused context of the position before the anchor (the target's last
+  # computed state) added to every block position's input through `anchor_proj`, a direct path
+  # like EAGLE's input feature; without it the block reads the context through attention only.
+  anchor_feature: bool = False
 
   def __post_init__(self):
     if not checks.is_int(self.block_size) or self.block_size < 2:
@@ -184,23 +193,35 @@ class DFlashNet(nnx.Module):
           nnx.initializers.normal(0.02)(rngs.params(), (e,), dtype))
     if cfg.correction_rank:
       self.correction = Correction(e, cfg.correction_rank, m.rms_norm_eps, dtype, rngs)
+    if cfg.anchor_feature:  # zero at the start: an untrained anchor path changes nothing
+      self.anchor_proj = nnx.Linear(e, e, use_bias=False, dtype=dtype, param_dtype=dtype,
+                                    kernel_init=nnx.initializers.zeros, rngs=rngs)
     self.rope = (m.head_dim, m.rope_theta, m.rope_scaling)  # static; tables at trace time
 
   def tables(self, positions: jax.Array):
     return layers.rope_tables(positions, layers.rope_inv_freq(*self.rope))
 
-  def context_kv(self, feats: jax.Array, positions: jax.Array):
-    """feats [B, S, F] target features at int32[B, S] positions -> per layer (k, v)."""
-    ctx = self.hidden_norm(self.fc(feats))
+  def context(self, feats: jax.Array) -> jax.Array:
+    """feats [B, S, F] target features of the taps -> the fused context [B, S, E]."""
+    return self.hidden_norm(self.fc(feats))
+
+  def context_kv(self, ctx: jax.Array, positions: jax.Array):
+    """ctx [B, S, E] fused context at int32[B, S] positions -> per layer (k, v)."""
     cos, sin = self.tables(positions)
     return [layer.context_kv(ctx, cos, sin) for layer in self.layers]
 
-  def embed_blocks(self, first: jax.Array, mask_row: jax.Array, size: int) -> jax.Array:
+  def embed_blocks(self, first: jax.Array, mask_row: jax.Array, size: int,
+                   anchor_ctx: jax.Array | None = None) -> jax.Array:
     """first [B, N, E] embeddings of the blocks' first tokens -> [B, N, size, E]; the masked
-    positions get `mask_row` [E] (the target's mask row, or the own `mask_embedding`)."""
+    positions get `mask_row` [E] (the target's mask row, or the own `mask_embedding`). With the
+    anchor feature, `anchor_ctx` [B, N, E] (each block's context before its anchor) enters
+    every position through `anchor_proj`."""
     rest = jnp.broadcast_to(mask_row.astype(first.dtype), first.shape[:2] + (size - 1,)
                             + first.shape[2:])
-    return jnp.concatenate([first[:, :, None], rest], axis=2)
+    x = jnp.concatenate([first[:, :, None], rest], axis=2)
+    if anchor_ctx is None:
+      return x
+    return x + self.anchor_proj(anchor_ctx.astype(x.dtype))[:, :, None]
 
   def mask_row(self, emb_table: jax.Array, mask_token_id: int | None) -> jax.Array:
     return self.mask_embedding[...] if mask_token_id is None else emb_table[mask_token_id]
@@ -236,6 +257,7 @@ def check_block_options(depth: int, top_k: int, total_tokens: int, block_size: i
 @struct.dataclass
 class DFlashState:
   cache: KVCache  # [n_layers, B, S_d, K, D] context keys/values; length = hist_len - 1
+  last: jax.Array | None = None  # [B, E] the fused context at slot length - 1 (anchor feature)
 
 
 @struct.dataclass
@@ -265,11 +287,20 @@ class DFlashDrafter(learned.LearnedDrafter):
   def _net(self) -> DFlashNet:
     return learned.merge(DFlashNet, self.net, self.params)
 
-  def _write_context(self, net: DFlashNet, cache: KVCache, feats, positions) -> KVCache:
-    """Writes the context keys/values of feats [B, T, F] at slots [length, length + T)."""
-    for i, (k, v) in enumerate(net.context_kv(feats.astype(self.head_dtype), positions)):
+  def _write_context(self, net: DFlashNet, cache: KVCache, feats, positions
+                     ) -> tuple[KVCache, jax.Array]:
+    """Writes the context keys/values of feats [B, T, F] at slots [length, length + T);
+    returns the cache and the fused context [B, T, E]."""
+    ctx = net.context(feats.astype(self.head_dtype))
+    for i, (k, v) in enumerate(net.context_kv(ctx, positions)):
       cache = cache.write(i, k, v)
-    return cache
+    return cache, ctx
+
+  def _last(self, ctx: jax.Array, index: jax.Array) -> jax.Array | None:
+    """ctx[b, index[b]] [B, E] when the network reads the anchor feature, else None."""
+    if not self.net.anchor_feature:
+      return None
+    return jnp.take_along_axis(ctx, index[:, None, None], axis=1)[:, 0]
 
   def init(self, target: TargetView, prefill: Prefill) -> DFlashState:
     m = self.net.model
@@ -278,8 +309,9 @@ class DFlashDrafter(learned.LearnedDrafter):
     cache = KVCache.init(m.num_layers, b, slots, m.num_kv_heads, m.head_dim, self.head_dtype)
     feats = learned.concat_features(prefill.hidden)  # [B, P, F]: the whole prompt is context
     positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
-    cache = self._write_context(self._net(), cache, feats, positions)
-    return DFlashState(cache.replace(length=prefill.hist_len - 1))
+    cache, ctx = self._write_context(self._net(), cache, feats, positions)
+    length = prefill.hist_len - 1
+    return DFlashState(cache.replace(length=length), self._last(ctx, length - 1))
 
   def _block(self, net: DFlashNet, target: TargetView, state: DFlashState, ctx: DraftContext):
     """[B, depth, E] the block's outputs at depths 1..depth (the head's input)."""
@@ -291,7 +323,8 @@ class DFlashDrafter(learned.LearnedDrafter):
     mask_id = self.net.mask_token_id  # `mask_row`, gathering the one row rather than the table
     mask = net.mask_embedding[...] if mask_id is None else learned.embed(
         cfg, target.params, jnp.asarray(mask_id))
-    x = net.embed_blocks(first, mask, size)
+    last = None if state.last is None else state.last[:, None]
+    x = net.embed_blocks(first, mask, size, last)
     positions = (start[:, None] + jnp.arange(size)[None, :]).astype(jnp.int32)[:, None]
     ctx_mask = (jnp.arange(cache.max_len)[None, :] < cache.length[:, None])[:, None]
     ctx_kv = [(cache.k[i], cache.v[i]) for i in range(self.net.model.num_layers)]
@@ -347,8 +380,12 @@ class DFlashDrafter(learned.LearnedDrafter):
     feats = jnp.take_along_axis(feats, acc.path[:, :rows, None], axis=1)
     c = state.cache.length
     positions = (c[:, None] + jnp.arange(rows)[None, :]).astype(jnp.int32)
-    cache = self._write_context(self._net(), state.cache, feats, positions)
-    return DFlashState(cache.replace(length=jnp.where(result.live, c + acc.n_accepted + 1, c)))
+    cache, ctx = self._write_context(self._net(), state.cache, feats, positions)
+    last = self._last(ctx, acc.n_accepted)  # the last accepted row: the next anchor's previous
+    if last is not None:
+      last = jnp.where(result.live[:, None], last, state.last)
+    return DFlashState(cache.replace(length=jnp.where(result.live, c + acc.n_accepted + 1, c)),
+                       last)
 
 
 def sample_starts(key: jax.Array, batch: int, length: int, num: int) -> jax.Array:
@@ -372,11 +409,14 @@ def training_logits(net: DFlashNet, cfg: DFlashConfig, feats, tokens, emb_table,
   b, t = tokens.shape
   size = cfg.block_size
   positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-  ctx_kv = net.context_kv(feats, positions)
+  ctx = net.context(feats)
+  ctx_kv = net.context_kv(ctx, positions)
   anchor = jnp.minimum(starts + 1, t - 1)
   first = jnp.take(emb_table, jnp.take_along_axis(tokens, anchor, axis=1), axis=0)
+  anchor_ctx = (jnp.take_along_axis(ctx, starts[:, :, None], axis=1)  # position t = a - 1
+                if cfg.anchor_feature else None)
   x = net.embed_blocks(first.astype(feats.dtype), net.mask_row(emb_table, cfg.mask_token_id),
-                       size)
+                       size, anchor_ctx)
   block_pos = (starts + 1)[:, :, None] + jnp.arange(size)[None, None, :]
   ctx_mask = jnp.arange(t)[None, None, :] <= starts[:, :, None]  # strict: before the anchor
   h = net(x, block_pos.astype(jnp.int32), ctx_kv, ctx_mask)[:, :, 1:num_steps + 1]
@@ -395,7 +435,7 @@ class DFlashFamily(learned.Family):
   config_cls = DFlashConfig
   uses_target_head = True
   options = ("target_layers", "num_layers", "num_kv_heads", "block_size", "num_anchors",
-             "correction_rank")
+             "correction_rank", "anchor_feature")
 
   def default_taps(self, target_cfg: ModelConfig) -> tuple[int, ...]:
     """Low, middle and high taps spread over the target (outputs of layers L // 3, 2L // 3 and
@@ -405,7 +445,8 @@ class DFlashFamily(learned.Family):
 
   def make_config(self, target_cfg, *, draft_vocab_size, num_features, num_layers: int = 1,
                   num_kv_heads: int = 0, block_size: int = 8, mask_token_id: int | None = None,
-                  correction_rank: int = 0, **_) -> DFlashConfig:
+                  correction_rank: int = 0, anchor_feature: bool = False, **_
+                  ) -> DFlashConfig:
     """Draft layers shaped as the target's (`num_kv_heads` 0), or with more K/V heads: every
     masked position reads the context and the last token only through its layers' values, so
     a target with few K/V heads narrows what one layer can carry."""
@@ -417,7 +458,7 @@ class DFlashFamily(learned.Family):
     model = target_cfg.replace(num_layers=num_layers, num_kv_heads=num_kv_heads,
                                attention_impl="xla", qk_norm=True, compute_dtype=target_cfg.dtype)
     return DFlashConfig(model, num_features, block_size, draft_vocab_size, mask_token_id,
-                        correction_rank)
+                        correction_rank, bool(anchor_feature))
 
   def check_training(self, cfg) -> None:
     steps = max(cfg.train_steps, cfg.eval_depth)

@@ -283,7 +283,8 @@ class Family(abc.ABC):
       vocabulary (`restricted_head`), which training and loading then provide as `head`.
     options: the family-specific fields of the training config it reads (among `num_heads`,
       `regression_weight`, `feature_noise`, `target_layers`, `frozen_head`, `num_layers`,
-      `block_size`, `num_anchors`, `correction_rank`: `specjax.train.drafter.FAMILY_OPTIONS`);
+      `block_size`, `num_anchors`, `correction_rank`, `anchor_feature`:
+      `specjax.train.drafter.FAMILY_OPTIONS`);
       the trainer refuses
       a run that sets any other one away from its default.
   """

@@ -59,7 +59,7 @@ from specjax.train.target_lm import portable_path
 # one away from its default for a family that does not read it is refused, not silently ignored.
 FAMILY_OPTIONS = ("num_heads", "regression_weight", "feature_noise", "target_layers",
                   "frozen_head", "num_layers", "num_kv_heads", "block_size", "num_anchors",
-                  "correction_rank")
+                  "correction_rank", "anchor_feature")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,6 +108,7 @@ class DrafterTrainConfig:
   block_size: int = 8
   num_anchors: int = 0
   correction_rank: int = 0  # DFlash's causal correction (0: none)
+  anchor_feature: bool = False  # DFlash: the context before the anchor into the block's inputs
   eval_depth: int = 5
   seq_len: int = 256
   batch_size: int = 16

@@ -4,7 +4,9 @@
      jitted phases, the drafter's context cache holds hist_len - 1 positions and its block
      logits equal a cache-free `dflash.training_logits` over the history (target features
      recomputed, start hist_len - 2), with the same top-k per depth; the tree `draft` returns is
-     `trees.tree_from_marginals` of those reference logits, in target ids.
+     `trees.tree_from_marginals` of those reference logits, in target ids. So too with the
+     causal correction and with the anchor feature (every row of a ragged batch), whose
+     untrained path changes nothing and which no published layout holds.
   2. `block_attention` (context and intra-block attention merged by log-sum-exp) equals one
      softmax over [context ; block] keys under the explicit mask, also for a block that sees no
      context (anchor 0).
@@ -38,7 +40,7 @@ import pytest
 from flax import nnx
 
 import specjax
-from specjax import trees
+from specjax import decoding, trees
 from specjax.config_utils import load_config
 from specjax.drafters import dflash, io, learned
 from specjax.drafters.base import DraftContext, TargetView
@@ -196,14 +198,86 @@ def test_corrected_tree_matches_the_training_view(target):
     drafter.block_logits(view, ds, ctx)
 
 
-def test_corrected_drafter_is_lossless(target):
-  """Greedy output of the corrected DFlash (chain and tree) equals autoregressive decoding."""
+@pytest.mark.parametrize("net_options", [dict(correction_rank=8), dict(anchor_feature=True),
+                                         dict(correction_rank=8, anchor_feature=True)])
+def test_corrected_and_anchored_drafters_are_lossless(target, net_options):
+  """Greedy output of DFlash with the causal correction, the anchor feature or both (chain and
+  tree, a ragged batch) equals autoregressive decoding."""
   prompts = [PROMPT, [5, 6, 7, 5, 6, 7, 5]]
   ar = specjax.generate(target, prompts, max_new_tokens=32, pad_to=16).tokens
   for options in (dict(), dict(top_k=3, total_tokens=9)):
     ours = specjax.generate(target, prompts, max_new_tokens=32, pad_to=16,
-                            drafter=corrected_drafter(target, **options))
+                            drafter=perturbed_drafter(target, net_options, **options))
     assert ours.tokens == ar, options
+
+
+def _batch_rounds(target, drafter, prompts, rounds: int):
+  """Prefill + `rounds` rounds of a ragged batch through decoding's own jitted phases."""
+  spec, args, _ = decoding._setup(target, prompts, 48, drafter, SamplingConfig(), 0, [], 16)
+  params, drafter, eos = args[0], args[1], args[5]
+  state = jax.jit(decoding._prefill, static_argnums=0)(spec, *args)
+  step = jax.jit(decoding._round, static_argnums=0)
+  for _ in range(rounds):
+    state = step(spec, params, drafter, eos, state)
+  return state
+
+
+@pytest.mark.parametrize("rounds", [0, 3])
+def test_anchor_feature_matches_the_training_view(target, rounds):
+  """With the anchor feature each block also reads the fused context of the position before its
+  anchor: after prefill and real rounds of a ragged batch (rows of different lengths and
+  acceptances), the state holds each row's context at slot length - 1, and every row's block
+  logits equal the cache-free training view over its own history."""
+  drafter = perturbed_drafter(target, dict(anchor_feature=True), top_k=2, total_tokens=6)
+  assert drafter.net.anchor_feature
+  prompts = [PROMPT, [5, 6, 7, 5, 6, 7, 5]]
+  state = _batch_rounds(target, drafter, prompts, rounds)
+  ds = state.drafter_state
+  got, _ = drafter.block_logits(_view(target), ds, _ctx(state))
+  emb = learned.target_embedding(target.config, target.params)
+  net = learned.merge(dflash.DFlashNet, drafter.net, drafter.params)
+  for row in range(len(prompts)):
+    n = int(state.hist_len[row])
+    assert int(ds.cache.length[row]) == n - 1
+    history = np.asarray(state.history[row, :n]).tolist()
+    feats = learned.concat_features(_hidden(target, history, drafter.hidden_layers))
+    np.testing.assert_allclose(np.asarray(ds.last[row]), np.asarray(net.context(feats)[0, n - 2]),
+                               rtol=1e-4, atol=1e-4)
+    ref = dflash.training_logits(net, drafter.net, feats, jnp.asarray([history], jnp.int32),
+                                 emb, drafter.head, jnp.asarray([[n - 2]], jnp.int32),
+                                 drafter.depth)
+    np.testing.assert_allclose(np.asarray(got[row]), np.asarray(ref[:, 0, 0]), rtol=1e-4,
+                               atol=1e-4)
+
+
+def test_anchor_feature_is_trained_from_zero_and_has_no_published_layout(target, tmp_path):
+  """An untrained anchor path (`anchor_proj` starts at zero) leaves the block logits of the plain
+  network unchanged; the option survives a drafter folder's round trip; the published DFlash
+  layout, which has no such weights, refuses it by name."""
+  fam = dflash.FAMILY
+  taps = fam.default_taps(target.config)
+  plain = fam.make_config(target.config, draft_vocab_size=D2T.size, num_features=len(taps))
+  anchored = dataclasses.replace(plain, anchor_feature=True)
+  params = learned.init_params(dflash.DFlashNet, anchored, 0)
+  assert not np.any(np.asarray(params["anchor_proj"]["kernel"][...]))
+  plain_params = learned.init_params(dflash.DFlashNet, plain, 0)
+  tokens = jnp.asarray([PROMPT], jnp.int32)
+  feats = learned.concat_features(_hidden(target, PROMPT, taps))
+  emb = learned.target_embedding(target.config, target.params)
+  head = learned.restricted_head(target.config, target.params, jnp.asarray(D2T))
+  starts = jnp.asarray([[0, 4, 9]], jnp.int32)
+  views = [dflash.training_logits(learned.merge(dflash.DFlashNet, net, p), net, feats, tokens,
+                                  emb, head, starts, 3)
+           for net, p in ((plain, plain_params), (anchored, params))]
+  np.testing.assert_array_equal(np.asarray(views[0]), np.asarray(views[1]))
+
+  drafter = perturbed_drafter(target, dict(anchor_feature=True))
+  io.save_drafter(tmp_path / "d", "dflash", drafter.net, drafter.params, drafter.d2t,
+                  target.config, hidden_layers=drafter.hidden_layers)
+  loaded = io.load_drafter(tmp_path / "d", target)
+  assert loaded.net == drafter.net and loaded.net.anchor_feature
+  with pytest.raises(ValueError, match="anchor feature"):
+    io.export_drafter(tmp_path / "published", drafter, target, "dflash")
 
 
 # ------------------------------------------------------------------------------------------------

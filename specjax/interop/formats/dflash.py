@@ -193,6 +193,9 @@ class DFlashFormat(formats.Format):
     if net.correction_rank:
       raise ValueError("a DFlash drafter with a causal correction (correction_rank "
                        f"{net.correction_rank}) has no published layout")
+    if net.anchor_feature:
+      raise ValueError("a DFlash drafter with the anchor feature (anchor_feature) has no "
+                       "published layout")
     if not m.qk_norm or m.qkv_bias != m.o_bias or m.mlp_bias:
       raise ValueError("the DFlash layout holds Qwen3 layers (q/k norms, attention_bias on all "
                        "of q, k, v, o or none, no MLP bias); this drafter's layers differ")
