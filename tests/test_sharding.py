@@ -300,9 +300,9 @@ def test_embedded_default_identical_on_mesh(embedded_runs, name):
   """The shipped target and its trained drafters (long accepted paths), 8 code prompts of
   unequal lengths: the mesh gives one device's tokens.
 
-  Only the tokens are the contract: the shipped drafters compute in bfloat16, where the split
-  sums of tensor parallelism (another summation order) can reorder near-tied candidates of a
-  draft tree, which changes what is accepted per round but never what is emitted."""
+  Only the tokens are the contract: the split sums of tensor parallelism (another summation
+  order) can reorder near-tied candidates of a draft tree, which changes what is accepted per
+  round but never what is emitted."""
   _, runs = embedded_runs
   ref, got = runs[name]
   assert got.tokens == ref.tokens

@@ -145,7 +145,7 @@ def load_drafter(path: str | os.PathLike, target, *, format: str | None = None,
   format = formats.detect(path) if format is None else format
   if format != formats.SPECJAX:
     conv = formats.read(path, target, format)
-    net = conv.net.with_dtype(target.config.dtype)
+    net = conv.net.with_dtype(learned.drafter_dtype(target.config))
     options = {**conv.tree, **{k: v for k, v in tree_options.items() if v is not None}}
     drafter = family(conv.method).assemble(net, conv.params, jnp.asarray(conv.d2t), target,
                                            conv.hidden_layers, **options)
@@ -158,7 +158,7 @@ def load_drafter(path: str | os.PathLike, target, *, format: str | None = None,
     if not 0 <= i <= target.config.num_layers:
       raise ValueError(f"drafter {path} reads hidden layer {i}, outside [0, "
                        f"{target.config.num_layers}]")
-  dtype = target.config.dtype
+  dtype = learned.drafter_dtype(target.config)
   net = config_utils.from_dict(fam.config_cls, config["net"], strict=False,
                               codecs=_NET_CODECS).with_dtype(dtype)
   tensors = _read_tensors(path)
@@ -207,7 +207,8 @@ def init_drafter(method: str, target, *, seed: int = 0, d2t=None, **tree_options
       d2t, jnp.int32)
   taps = fam.default_taps(target.config)
   net = fam.make_config(target.config, draft_vocab_size=int(d2t.shape[0]),
-                        num_features=len(taps)).with_dtype(target.config.dtype)
+                        num_features=len(taps)).with_dtype(
+                            learned.drafter_dtype(target.config))
   params = learned.init_params(fam.module, net, seed)
   return fam.assemble(net, params, d2t, target, taps, **tree_options)
 

@@ -36,6 +36,17 @@ from specjax.models.config import ModelConfig
 # Draft vocabulary
 
 
+def drafter_dtype(target_cfg: ModelConfig) -> str:
+  """The dtype a learned drafter is loaded at and computes in: the target's compute dtype.
+
+  A target stored in bfloat16 that computes in float32 (the embedded default) gets a float32
+  drafter. Kept in bfloat16, such a drafter computes in bfloat16, which a CPU has no arithmetic
+  for: XLA widens every op, and each draft level's KV-cache write converts the whole cache to
+  float32 and back. Where the target computes in bfloat16 (accelerators) the drafter does too.
+  """
+  return target_cfg.compute_dtype
+
+
 def draft_vocab_from_counts(counts: np.ndarray, size: int) -> np.ndarray:
   """int32[size]: the `size` most frequent target ids (ties: lower id first), most frequent first.
 

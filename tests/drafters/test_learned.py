@@ -9,8 +9,9 @@ and the shipped checkpoints.
      drafter was trained on is what it does at inference: positions, masks, fed pairs).
   3. Drafter folders: a save/load round trip, and clear errors for a target of another
      vocabulary, hidden size or tokenizer, missing or corrupt files, unknown methods.
-  4. The shipped drafters are available for the embedded target, accept (tau > 1.5) and are
-     lossless: greedy tokens identical to autoregressive decoding at batch 1 and 4.
+  4. The shipped drafters are available for the embedded target, load at its compute dtype
+     (float32 for its bfloat16 weights), accept (tau > 1.5) and are lossless: greedy tokens
+     identical to autoregressive decoding at batch 1 and 4.
   (Greedy and sampling losslessness on tiny targets: tests/test_speculative.py.)
 """
 
@@ -377,6 +378,20 @@ def test_shipped_drafters_are_available(embedded):
   for method in LEARNED:
     meta = json.loads(open(os.path.join(io.asset_dir(method), "metadata.json")).read())
     assert meta["steps"] > 0 and len(meta["heldout_agreement_by_depth"]) >= 4
+
+
+@pytest.mark.parametrize("compute_dtype", ["float32", "bfloat16"])
+def test_drafters_compute_in_the_targets_compute_dtype(compute_dtype):
+  """The shipped target stores bfloat16: computing in float32 (the default), its drafters load
+  in float32, not at the files' or the target's storage dtype (bfloat16 arithmetic on a CPU
+  converts at every op); computing in bfloat16, they do too."""
+  target = specjax.load_target(assets.TARGET_DIR, compute_dtype=compute_dtype)
+  assert target.config.dtype == "bfloat16"
+  assert learned.drafter_dtype(target.config) == compute_dtype
+  for method in LEARNED:
+    drafter = drafters.build(method, target)
+    dtypes = {str(x.dtype) for x in jax.tree.leaves((drafter.params, drafter.head))}
+    assert drafter.net.dtype == compute_dtype and dtypes == {compute_dtype}, (method, dtypes)
 
 
 @pytest.fixture(scope="module")

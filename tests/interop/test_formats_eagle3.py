@@ -195,13 +195,14 @@ def test_tap_conventions():
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_greedy_output_equals_autoregressive(hf, tmp_path, dtype):
-  """In the dtype users run too: a bfloat16 head on the target loaded in bfloat16."""
+  """In the dtype users run too: a bfloat16 head on the target loaded in bfloat16 (which
+  computes in float32, and so does the drafter: `learned.drafter_dtype`)."""
   _, target, folder = hf
   if dtype == "bfloat16":
     target = specjax.load_target(folder, dtype="bfloat16")
   path = write_head(tmp_path / "head", dtype=getattr(torch, dtype))
   drafter = specjax.load_drafter(path, target, depth=4, top_k=3, total_tokens=10)
-  assert drafter.net.dtype == dtype
+  assert target.config.dtype == dtype and drafter.net.dtype == "float32"
   ar = specjax.generate(target, PROMPTS, max_new_tokens=24).tokens
   assert specjax.generate(target, PROMPTS, max_new_tokens=24, drafter=drafter).tokens == ar
 
