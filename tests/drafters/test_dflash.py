@@ -40,7 +40,7 @@ import pytest
 from flax import nnx
 
 import specjax
-from specjax import decoding, trees
+from specjax import trees
 from specjax.config_utils import load_config
 from specjax.drafters import dflash, io, learned
 from specjax.drafters.base import DraftContext, TargetView
@@ -211,17 +211,6 @@ def test_corrected_and_anchored_drafters_are_lossless(target, net_options):
     assert ours.tokens == ar, options
 
 
-def _batch_rounds(target, drafter, prompts, rounds: int):
-  """Prefill + `rounds` rounds of a ragged batch through decoding's own jitted phases."""
-  spec, args, _ = decoding._setup(target, prompts, 48, drafter, SamplingConfig(), 0, [], 16)
-  params, drafter, eos = args[0], args[1], args[5]
-  state = jax.jit(decoding._prefill, static_argnums=0)(spec, *args)
-  step = jax.jit(decoding._round, static_argnums=0)
-  for _ in range(rounds):
-    state = step(spec, params, drafter, eos, state)
-  return state
-
-
 @pytest.mark.parametrize("rounds", [0, 3])
 def test_anchor_feature_matches_the_training_view(target, rounds):
   """With the anchor feature each block also reads the fused context of the position before its
@@ -231,7 +220,7 @@ def test_anchor_feature_matches_the_training_view(target, rounds):
   drafter = perturbed_drafter(target, dict(anchor_feature=True), top_k=2, total_tokens=6)
   assert drafter.net.anchor_feature
   prompts = [PROMPT, [5, 6, 7, 5, 6, 7, 5]]
-  state = _batch_rounds(target, drafter, prompts, rounds)
+  state = _rounds(target, drafter, rounds, prompts)
   ds = state.drafter_state
   got, _ = drafter.block_logits(_view(target), ds, _ctx(state))
   emb = learned.target_embedding(target.config, target.params)

@@ -107,9 +107,11 @@ def target():
 PROMPT = [5, 17, 3, 88, 41, 3, 17, 9, 60, 2, 71, 33]
 
 
-def _rounds(target, drafter, rounds: int):
-  """Prefill + `rounds` speculative rounds through decoding's own phases."""
-  spec, args, _ = decoding._setup(target, [PROMPT], 48, drafter, SamplingConfig(), 0, [], 16)
+def _rounds(target, drafter, rounds: int, prompts=(PROMPT,)):
+  """Prefill + `rounds` speculative rounds through decoding's own phases (a ragged batch when
+  `prompts` holds several)."""
+  spec, args, _ = decoding._setup(target, list(prompts), 48, drafter, SamplingConfig(), 0, [],
+                                  16)
   params, drafter, eos = args[0], args[1], args[5]
   state = jax.jit(decoding._prefill, static_argnums=0)(spec, *args)
   step = jax.jit(decoding._round, static_argnums=0)
