@@ -63,10 +63,7 @@ class DFlashConfig:
   draft_vocab_size: int = 2048
   mask_token_id: int | None = None  # a target embedding row as the mask; None: own mask vector
   correction_rank: int = 0  # the causal correction's width (0: none; `Correction`)
-  # The anchor feature: the fused context of the position before the anchor (the target's last
-  # computed state) added to every block position's input through `anchor_proj`, a direct path
-  # like EAGLE's input feature; without it the block reads the context through attention only.
-  anchor_feature: bool = False
+  anchor_feature: bool = False  # the context before the anchor into the block's inputs (above)
 
   def __post_init__(self):
     if not checks.is_int(self.block_size) or self.block_size < 2:
