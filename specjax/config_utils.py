@@ -245,6 +245,17 @@ def _decode(v: Any, typ: Any, where: str, strict: bool, codecs: Mapping[type, Co
   return v
 
 
+def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+  """A nested dict's leaves by dotted key: {"optim": {"b1": 0.9}} -> {"optim.b1": 0.9}."""
+  out = {}
+  for k, v in d.items():
+    if isinstance(v, Mapping):
+      out.update(flatten(v, f"{prefix}{k}."))
+    else:
+      out[f"{prefix}{k}"] = v
+  return out
+
+
 def read_json_object(file: str | os.PathLike) -> dict[str, Any] | None:
   """A JSON file holding one object (the optional metadata files beside a checkpoint), None when
   the file does not exist; ValueError naming the file when it is not a JSON object."""

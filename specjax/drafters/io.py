@@ -15,6 +15,7 @@ vocabulary, hidden size or depth, and names missing or corrupt files.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Callable, Sequence
@@ -141,15 +142,23 @@ def load_drafter(path: str | os.PathLike, target, *, format: str | None = None,
 
   format: the folder's layout, "specjax" or a published one (`specjax.interop.formats`: eagle3,
     eagle, medusa, dflash); default: detected from the folder."""
+  read = read_drafter(path, target, format=format)
+  options = {**read.tree, **{k: v for k, v in tree_options.items() if v is not None}}
+  drafter = family(read.method).assemble(read.net, read.params, jnp.asarray(read.d2t), target,
+                                         read.hidden_layers, **options)
+  return _placed(drafter, target)
+
+
+def read_drafter(path: str | os.PathLike, target, *, format: str | None = None):
+  """A drafter folder's network for `target`, unassembled (`specjax.interop.formats.Converted`:
+  family, network config at the target's compute dtype, params, d2t, taps, default tree), every
+  check of `load_drafter` done: what a tree is built from, and what fine-tuning starts from."""
   from specjax.interop import formats
   format = formats.detect(path) if format is None else format
+  dtype = learned.drafter_dtype(target.config)
   if format != formats.SPECJAX:
     conv = formats.read(path, target, format)
-    net = conv.net.with_dtype(learned.drafter_dtype(target.config))
-    options = {**conv.tree, **{k: v for k, v in tree_options.items() if v is not None}}
-    drafter = family(conv.method).assemble(net, conv.params, jnp.asarray(conv.d2t), target,
-                                           conv.hidden_layers, **options)
-    return _placed(drafter, target)
+    return dataclasses.replace(conv, net=conv.net.with_dtype(dtype))
   config = read_config(path)
   fam = family(config["method"])
   check_target(config, target, path)
@@ -158,7 +167,6 @@ def load_drafter(path: str | os.PathLike, target, *, format: str | None = None,
     if not 0 <= i <= target.config.num_layers:
       raise ValueError(f"drafter {path} reads hidden layer {i}, outside [0, "
                        f"{target.config.num_layers}]")
-  dtype = learned.drafter_dtype(target.config)
   net = config_utils.from_dict(fam.config_cls, config["net"], strict=False,
                               codecs=_NET_CODECS).with_dtype(dtype)
   tensors = _read_tensors(path)
@@ -169,10 +177,9 @@ def load_drafter(path: str | os.PathLike, target, *, format: str | None = None,
     raise ValueError(f"drafter {path}: d2t ids outside the target vocabulary "
                      f"[0, {target.config.vocab_size})")
   params = params_from_tensors(fam, net, tensors, path)
-  options = dict(config.get("tree", {}))
-  options.update({k: v for k, v in tree_options.items() if v is not None})
-  drafter = fam.assemble(net, params, jnp.asarray(d2t), target, hidden_layers, **options)
-  return _placed(drafter, target)
+  return formats.Converted(method=config["method"], net=net, params=params, d2t=d2t,
+                           hidden_layers=hidden_layers, tree=dict(config.get("tree", {})),
+                           source={"format": formats.SPECJAX, "path": os.fspath(path)})
 
 
 def _placed(drafter, target):

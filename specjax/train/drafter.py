@@ -22,7 +22,10 @@ acceptance a chain gets (per-depth agreement also counts deep hits after a miss)
 Data: packed rows of the stdlib corpus, or self-distillation: continuations the target itself
 generates from corpus prompts (cached chunk by chunk in `distill_cache`, so an interrupted
 generation resumes), which is what the drafter will see.
-Resumption, checkpoints and the progress bar are `specjax.train.loop`'s.
+Resumption, checkpoints and the progress bar are `specjax.train.loop`'s. A run can also start
+from a trained drafter instead of the family's initialisation (`init_from`: a specjax folder or a
+published layout), to train it further or fine-tune it on other data; it keeps that drafter's
+draft vocabulary, and its network and taps must be the run's.
 
 On a device mesh (`mesh`, e.g. "dp=4,tp=2"; or the mesh of a target passed placed on one) the
 frozen target lies tensor parallel as `Target.on_mesh` lays it, the drafter's params as
@@ -109,6 +112,10 @@ class DrafterTrainConfig:
   num_anchors: int = 0
   correction_rank: int = 0  # DFlash's causal correction (0: none)
   anchor_feature: bool = False  # DFlash: the context before the anchor into the block's inputs
+  # Fine-tuning: a drafter folder (specjax's own or a published layout, `io.read_drafter`) whose
+  # params start the run instead of the family's initialisation; its family, network, taps and
+  # draft vocabulary are the run's (a mismatch is refused, naming it). None: a fresh drafter.
+  init_from: str | None = None
   eval_depth: int = 5
   seq_len: int = 256
   batch_size: int = 16
@@ -388,14 +395,17 @@ def train_drafter(cfg: DrafterTrainConfig, *, stop_after: int | None = None,
     loop.check_batch_size("batch_size", cfg.batch_size, mesh)
     target = target.on_mesh(mesh)
   layers = taps(cfg, target)
-  loop.check_run_config(cfg.workdir, cfg)
   fam = registry.family(cfg.method)
+  net = fam.make_config(target.config, draft_vocab_size=cfg.draft_vocab_size,
+                        num_features=len(layers), **cfg.family_options())
+  start = None if cfg.init_from is None else starting_drafter(cfg, target, net, layers)
+  loop.check_run_config(cfg.workdir, cfg)
   t0 = time.perf_counter()
   train_rows, heldout_rows, counts = training_rows(cfg, target, progress)
   data_seconds = time.perf_counter() - t0
-  d2t = learned.draft_vocab_from_counts(counts, cfg.draft_vocab_size)
-  net = fam.make_config(target.config, draft_vocab_size=cfg.draft_vocab_size,
-                        num_features=len(layers), **cfg.family_options())
+  # A fine-tuned drafter keeps the draft vocabulary its params were trained on.
+  d2t = learned.draft_vocab_from_counts(counts, cfg.draft_vocab_size) if start is None else (
+      np.asarray(start.d2t))
   setup = _Setup(fam, net, target.config, layers)
   frozen = {
       "target": target.params, "d2t": jnp.asarray(d2t),
@@ -403,7 +413,7 @@ def train_drafter(cfg: DrafterTrainConfig, *, stop_after: int | None = None,
       "head": learned.restricted_head(target.config, target.params, d2t)
       if fam.uses_target_head else None,
   }
-  params = fam.init_params(net, target, d2t, cfg.seed)
+  params = fam.init_params(net, target, d2t, cfg.seed) if start is None else start.params
   param_shardings = batch_shardings = None
   if mesh is not None:
     frozen_shardings = {"target": sharding.param_shardings(target.config, target.params, mesh),
@@ -463,6 +473,26 @@ def train_drafter(cfg: DrafterTrainConfig, *, stop_after: int | None = None,
                   target.tokenizer, metadata, dtype=cfg.export_dtype, hidden_layers=layers)
   summary.update(export_dir=export_dir, metadata=metadata)
   return summary
+
+
+def starting_drafter(cfg: DrafterTrainConfig, target: Target, net, layers: tuple[int, ...]):
+  """`cfg.init_from` read for `target` (`io.read_drafter`), checked against the run: the same
+  family, network config (every field the run's options and the target decide) and taps."""
+  read = io.read_drafter(cfg.init_from, target)
+  where = f"init_from {cfg.init_from}"
+  if read.method != cfg.method:
+    raise ValueError(f"{where} is a {read.method} drafter, this run trains {cfg.method}")
+  theirs, ours = (config_utils.flatten(config_utils.to_dict(n.with_dtype(net.dtype)))
+                  for n in (read.net, net))
+  differ = [f"{k}: {theirs.get(k)!r} (run: {ours.get(k)!r})" for k in sorted(ours)
+            if theirs.get(k) != ours[k]]
+  if differ:
+    raise ValueError(f"{where} has another network than this run's options make: "
+                     + "; ".join(differ))
+  if tuple(read.hidden_layers) != tuple(layers):
+    raise ValueError(f"{where} reads target layers {list(read.hidden_layers)}, this run's taps "
+                     f"are {list(layers)}")
+  return read
 
 
 def config_from_metadata(training: dict[str, Any]) -> DrafterTrainConfig:

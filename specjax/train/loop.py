@@ -32,7 +32,7 @@ from jax.sharding import Mesh, NamedSharding, Sharding
 from tqdm.auto import tqdm
 
 from specjax import sharding
-from specjax.config_utils import to_dict
+from specjax.config_utils import flatten, to_dict
 from specjax.train.checkpoint import Checkpointer
 
 LossFn = Callable[[Any, dict[str, jax.Array]], tuple[jax.Array, dict[str, jax.Array]]]
@@ -60,16 +60,6 @@ class TrainResult:
 RUN_CONFIG = "run_config.json"
 
 
-def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-  out = {}
-  for k, v in d.items():
-    if isinstance(v, dict):
-      out.update(_flat(v, f"{prefix}{k}."))
-    else:
-      out[f"{prefix}{k}"] = v
-  return out
-
-
 # Fields of a trainer's config that cannot change the parameters it reaches. `mesh` is one: a
 # checkpoint restores onto any mesh, and a run resumed on another continues the same optimisation
 # (up to float rounding: on the same mesh a resume is bit-exact).
@@ -86,7 +76,7 @@ def check_run_config(workdir: str, cfg: Any) -> None:
   path = os.path.join(workdir, RUN_CONFIG)
   if os.path.isfile(path):
     with open(path) as f:
-      saved, current = _flat(json.load(f)), _flat(settings)
+      saved, current = flatten(json.load(f)), flatten(settings)
     diff = [k for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k)]
     if diff:
       detail = "; ".join(f"{k}: {saved.get(k)!r} -> {current.get(k)!r}" for k in diff)

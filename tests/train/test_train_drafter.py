@@ -319,3 +319,39 @@ def test_bad_configs_are_rejected():
     load_config("configs/eagle_stdlib.py", ["chain_loss=true"])
   with pytest.raises(ValueError, match="distinct layer ids"):
     load_config("configs/eagle3_stdlib.py", ["target_layers=6,6"])
+
+
+def test_fine_tuning_starts_from_a_drafter_folder(source_dir, target, tmp_path):
+  """`init_from` starts a run from a trained folder's params and draft vocabulary (here the
+  exported base run's, trained on the plain corpus, fine-tuned on self-distilled rows), trains
+  on, exports a lossless drafter and records where it started. A folder of another family,
+  network or taps is refused by name before the run writes anything."""
+  base = train_drafter(_config("eagle3", source_dir, tmp_path / "base", "source=corpus"),
+                       progress=False, target=target)
+  folder = base["export_dir"]
+  cfg = _config("eagle3", source_dir, tmp_path / "tuned", f"init_from={folder}")
+  start = train_drafter(cfg, stop_after=0, progress=False, target=target)
+  assert start["step"] == 0
+  _assert_params_equal(start["params"], base["params"])  # float32 export: exact
+  np.testing.assert_array_equal(start["d2t"], base["d2t"])
+  tuned = train_drafter(cfg, progress=False, target=target)
+  assert tuned["finished"] and tuned["metadata"]["training"]["init_from"] == folder
+  assert not all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(
+      jax.tree.leaves(tuned["params"]), jax.tree.leaves(base["params"])))
+  drafter = specjax.load_drafter(tuned["export_dir"], target)
+  prompt = [target.encode("def add(a, b):\n    return")]
+  ours = specjax.generate(target, prompt, max_new_tokens=24, drafter=drafter)
+  assert ours.tokens == specjax.generate(target, prompt, max_new_tokens=24).tokens
+  bad = {"dflash": ("is a eagle3 drafter, this run trains dflash", "num_anchors=8"),
+         "eagle3": (r"another network than this run's options make: draft_vocab_size: 512 "
+                    r"\(run: 256\)", "draft_vocab_size=256")}
+  for method, (message, option) in bad.items():
+    with pytest.raises(ValueError, match=message):
+      train_drafter(_config(method, source_dir, tmp_path / f"bad_{method}", "source=corpus",
+                            f"init_from={folder}", option), progress=False, target=target)
+    assert not os.path.exists(tmp_path / f"bad_{method}")
+  with pytest.raises(ValueError, match=r"reads target layers \[2, 4, 6\], this run's taps are "
+                                       r"\[1, 3, 5\]"):
+    train_drafter(_config("eagle3", source_dir, tmp_path / "bad_taps", "source=corpus",
+                          f"init_from={folder}", "target_layers=1,3,5"), progress=False,
+                  target=target)

@@ -37,7 +37,8 @@ TORCH_FILES = ("pytorch_model.bin",)
 
 @dataclasses.dataclass(frozen=True)
 class Converted:
-  """A published drafter as a specjax family's network: what `Family.assemble` takes.
+  """A drafter folder (a published layout, or specjax's own: `io.read_drafter`) as a specjax
+  family's network: what `Family.assemble` takes.
 
   method: the specjax family; net, params: its network config and params; d2t: int32[Vd] target
   id of each draft id; hidden_layers: the target hidden states it reads (specjax's indices: 0 the
