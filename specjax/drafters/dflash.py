@@ -169,10 +169,15 @@ class Correction(nnx.Module):
                          kernel_init=nnx.initializers.zeros, rngs=rngs)
 
   @jax.named_scope("correction")
+  def codes(self, h: jax.Array, prev_emb: jax.Array) -> jax.Array:
+    """[..., rank]: silu(down([h, e(x_{k-1})])), what `up` maps into the residual."""
+    z = jnp.concatenate([h, self.norm(prev_emb.astype(h.dtype))], axis=-1)
+    return jax.nn.silu(self.down(z))
+
   def __call__(self, h: jax.Array, prev_emb: jax.Array) -> jax.Array:
     """h: [..., E] block outputs; prev_emb: [..., E] embeddings of the tokens above them."""
-    z = jnp.concatenate([h, self.norm(prev_emb.astype(h.dtype))], axis=-1)
-    return h + self.up(jax.nn.silu(self.down(z)))
+    with jax.named_scope("correction"):
+      return h + self.up(self.codes(h, prev_emb))
 
 
 class DFlashNet(nnx.Module):
@@ -255,6 +260,9 @@ def check_block_options(depth: int, top_k: int, total_tokens: int, block_size: i
 class DFlashState:
   cache: KVCache  # [n_layers, B, S_d, K, D] context keys/values; length = hist_len - 1
   last: jax.Array | None = None  # [B, E] the fused context at slot length - 1 (anchor feature)
+  # [rank, Vd] the draft head applied to the correction's `up` rows (`DFlashDrafter.draft`):
+  # computed once per call, since the head and the correction are fixed while it decodes.
+  lifted_up: jax.Array | None = None
 
 
 @struct.dataclass
@@ -308,7 +316,11 @@ class DFlashDrafter(learned.LearnedDrafter):
     positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
     cache, ctx = self._write_context(self._net(), cache, feats, positions)
     length = prefill.hist_len - 1
-    return DFlashState(cache.replace(length=length), self._last(ctx, length - 1))
+    net = self._net()
+    lifted = None if not self.net.correction_rank else jnp.einsum(
+        "RE,EV->RV", net.correction.up.kernel[...], self.head,
+        preferred_element_type=jnp.float32)
+    return DFlashState(cache.replace(length=length), self._last(ctx, length - 1), lifted)
 
   def _block(self, net: DFlashNet, target: TargetView, state: DFlashState, ctx: DraftContext):
     """[B, depth, E] the block's outputs at depths 1..depth (the head's input)."""
@@ -346,6 +358,35 @@ class DFlashDrafter(learned.LearnedDrafter):
     recent = self.recent_vocab(target, ctx)
     return self._head(h, recent), recent
 
+  def _corrected(self, net: DFlashNet, target: TargetView, state: DFlashState, h: jax.Array,
+                 recent: learned.RecentVocab | None):
+    """`corrected(level, tokens)`: float32[B, k, Vd (+ R)] draft log-probabilities at depth
+    level + 1 conditioned on tokens int32[B, k] (target ids) above it, from the block's
+    outputs h [B, depth, E].
+
+    The head is linear and reads the corrected state directly, so the logits are
+    head(h_d) + codes_d @ head(up): every depth's uncorrected logits in one pass, then per depth
+    a rank-r product with the head lifted through `up` (the fixed vocabulary's part kept in the
+    state, the round's recent ids' here) instead of the whole head once more."""
+    cfg = target.config
+    base = self._head(h, recent)  # [B, depth, Vd (+ R)]
+    lifted_recent = None if recent is None else jnp.einsum(
+        "RE,BNE->BRN", net.correction.up.kernel[...], recent.cols,
+        preferred_element_type=jnp.float32)
+
+    def corrected(level, tokens):
+      hk = jnp.broadcast_to(h[:, level, None], tokens.shape + h.shape[-1:])
+      codes = net.correction.codes(hk, learned.embed(cfg, target.params, tokens))
+      with jax.named_scope("lm_head"):
+        delta = jnp.einsum("BKR,RV->BKV", codes, state.lifted_up,
+                           preferred_element_type=jnp.float32)
+        if lifted_recent is not None:
+          delta = jnp.concatenate([delta, jnp.einsum(
+              "BKR,BRN->BKN", codes, lifted_recent, preferred_element_type=jnp.float32)], -1)
+      return learned.draft_logprobs(base[:, level, None] + delta)
+
+    return corrected
+
   def draft(self, target: TargetView, state: DFlashState, ctx: DraftContext):
     net = self._net()
     h = self._block(net, target, state, ctx)
@@ -354,12 +395,7 @@ class DFlashDrafter(learned.LearnedDrafter):
       grown = trees.tree_from_marginals(learned.draft_logprobs(self._head(h, recent)),
                                         num_nodes=self.total_tokens, top_k=self.top_k)
     else:  # each frontier node's children conditioned on its own token
-      cfg = target.config
-
-      def corrected(level, tokens):  # tokens: int32[B, k] target ids above depth level + 1
-        hk = jnp.broadcast_to(h[:, level, None], tokens.shape + h.shape[-1:])
-        hk = net.correction(hk, learned.embed(cfg, target.params, tokens))
-        return learned.draft_logprobs(self._head(hk, recent))
+      corrected = self._corrected(net, target, state, h, recent)
 
       def expand(carry, tokens, parent, level):
         return corrected(level, self.to_target_ids(tokens, recent)), carry
@@ -381,8 +417,8 @@ class DFlashDrafter(learned.LearnedDrafter):
     last = self._last(ctx, acc.n_accepted)  # the last accepted row: the next anchor's previous
     if last is not None:
       last = jnp.where(result.live[:, None], last, state.last)
-    return DFlashState(cache.replace(length=jnp.where(result.live, c + acc.n_accepted + 1, c)),
-                       last)
+    return state.replace(cache=cache.replace(length=jnp.where(result.live, c + acc.n_accepted + 1,
+                                                             c)), last=last)
 
 
 def sample_starts(key: jax.Array, batch: int, length: int, num: int) -> jax.Array:

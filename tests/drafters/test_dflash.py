@@ -198,6 +198,47 @@ def test_corrected_tree_matches_the_training_view(target):
     drafter.block_logits(view, ds, ctx)
 
 
+def test_corrected_draft_lifts_the_head_through_the_correction(target):
+  """`draft` scores a corrected depth as the uncorrected logits plus the correction's codes times
+  the head lifted through `up` (the fixed vocabulary's part kept in the state, the recent ids'
+  per round): to float rounding, the log-probabilities that applying the correction to the state
+  and then the whole head gives, recent ids included, at every depth; and the tree it drafts is
+  the one grown from those."""
+  drafter = corrected_drafter(target, top_k=3, total_tokens=9, recent_tokens=8)
+  state = _rounds(target, drafter, 3)
+  ds = state.drafter_state
+  view, ctx = _view(target), _ctx(state)
+  net = learned.merge(dflash.DFlashNet, drafter.net, drafter.params)
+  h = drafter._block(net, view, ds, ctx)
+  recent = drafter.recent_vocab(view, ctx)
+  assert recent is not None and bool(recent.live.any())  # ids outside the draft vocabulary
+
+  def corrected(level, tokens):
+    hk = jnp.broadcast_to(h[:, level, None], tokens.shape + h.shape[-1:])
+    hk = net.correction(hk, learned.embed(target.config, target.params, tokens))
+    return learned.draft_logprobs(drafter._head(hk, recent))
+
+  lifted = drafter._corrected(net, view, ds, h, recent)
+  tokens = jnp.asarray([[int(ctx.pending[0]), 3, 70]], jnp.int32)  # the tokens above, target ids
+  for level in range(drafter.depth):
+    got, want = np.asarray(lifted(level, tokens)), np.asarray(corrected(level, tokens))
+    assert got.shape == (1, 3, D2T.size + 8)
+    np.testing.assert_array_equal(np.isfinite(got), np.isfinite(want))
+    np.testing.assert_allclose(got[np.isfinite(got)], want[np.isfinite(want)], rtol=1e-5,
+                               atol=1e-5)
+
+  def expand(carry, tokens, parent, level):
+    return corrected(level, drafter.to_target_ids(tokens, recent)), carry
+
+  want, _ = trees.grow_dynamic_tree(corrected(0, ctx.pending[:, None])[:, 0], expand, (),
+                                    depth=drafter.depth, top_k=drafter.top_k,
+                                    num_nodes=drafter.total_tokens)
+  tree, _, _ = drafter.draft(view, ds, ctx)
+  np.testing.assert_array_equal(np.asarray(tree.tokens),
+                                np.asarray(drafter.to_target_ids(want.tree.tokens, recent)))
+  np.testing.assert_array_equal(np.asarray(tree.parent), np.asarray(want.tree.parent))
+
+
 @pytest.mark.parametrize("net_options", [dict(correction_rank=8), dict(anchor_feature=True),
                                          dict(correction_rank=8, anchor_feature=True)])
 def test_corrected_and_anchored_drafters_are_lossless(target, net_options):
@@ -205,7 +246,8 @@ def test_corrected_and_anchored_drafters_are_lossless(target, net_options):
   tree, a ragged batch) equals autoregressive decoding."""
   prompts = [PROMPT, [5, 6, 7, 5, 6, 7, 5]]
   ar = specjax.generate(target, prompts, max_new_tokens=32, pad_to=16).tokens
-  for options in (dict(), dict(top_k=3, total_tokens=9)):
+  for options in (dict(), dict(top_k=3, total_tokens=9),
+                  dict(top_k=3, total_tokens=9, recent_tokens=8)):
     ours = specjax.generate(target, prompts, max_new_tokens=32, pad_to=16,
                             drafter=perturbed_drafter(target, net_options, **options))
     assert ours.tokens == ar, options
