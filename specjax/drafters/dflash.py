@@ -314,9 +314,9 @@ class DFlashDrafter(learned.LearnedDrafter):
     cache = KVCache.init(m.num_layers, b, slots, m.num_kv_heads, m.head_dim, self.head_dtype)
     feats = learned.concat_features(prefill.hidden)  # [B, P, F]: the whole prompt is context
     positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
-    cache, ctx = self._write_context(self._net(), cache, feats, positions)
-    length = prefill.hist_len - 1
     net = self._net()
+    cache, ctx = self._write_context(net, cache, feats, positions)
+    length = prefill.hist_len - 1
     lifted = None if not self.net.correction_rank else jnp.einsum(
         "RE,EV->RV", net.correction.up.kernel[...], self.head,
         preferred_element_type=jnp.float32)
