@@ -468,6 +468,9 @@ def train_drafter(cfg: DrafterTrainConfig, *, stop_after: int | None = None,
       "heldout_rows": int(heldout_rows.shape[0]),
       "provenance": provenance.collect(),  # the config is "training" above
   }
+  if cfg.init_from is not None:  # the lineage: how the drafter it started from was made
+    metadata["started_from"] = config_utils.read_json_object(
+        os.path.join(cfg.init_from, io.METADATA)) or {"path": portable_path(cfg.init_from)}
   export_dir = cfg.export_dir or os.path.join(cfg.workdir, "export")
   io.save_drafter(export_dir, cfg.method, net, result.params, d2t, target.config,
                   target.tokenizer, metadata, dtype=cfg.export_dtype, hidden_layers=layers)

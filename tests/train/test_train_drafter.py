@@ -324,7 +324,7 @@ def test_bad_configs_are_rejected():
 def test_fine_tuning_starts_from_a_drafter_folder(source_dir, target, tmp_path):
   """`init_from` starts a run from a trained folder's params and draft vocabulary (here the
   exported base run's, trained on the plain corpus, fine-tuned on self-distilled rows), trains
-  on, exports a lossless drafter and records where it started. A folder of another family,
+  on, exports a lossless drafter and records where it started and the start's own metadata. A folder of another family,
   network or taps is refused by name before the run writes anything."""
   base = train_drafter(_config("eagle3", source_dir, tmp_path / "base", "source=corpus"),
                        progress=False, target=target)
@@ -335,7 +335,9 @@ def test_fine_tuning_starts_from_a_drafter_folder(source_dir, target, tmp_path):
   _assert_params_equal(start["params"], base["params"])  # float32 export: exact
   np.testing.assert_array_equal(start["d2t"], base["d2t"])
   tuned = train_drafter(cfg, progress=False, target=target)
-  assert tuned["finished"] and tuned["metadata"]["training"]["init_from"] == folder
+  meta = tuned["metadata"]
+  assert tuned["finished"] and meta["training"]["init_from"] == folder
+  assert meta["started_from"] == base["metadata"]  # the lineage: how the start was made
   assert not all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(
       jax.tree.leaves(tuned["params"]), jax.tree.leaves(base["params"])))
   drafter = specjax.load_drafter(tuned["export_dir"], target)
