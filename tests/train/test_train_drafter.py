@@ -324,8 +324,8 @@ def test_bad_configs_are_rejected():
 def test_fine_tuning_starts_from_a_drafter_folder(source_dir, target, tmp_path):
   """`init_from` starts a run from a trained folder's params and draft vocabulary (here the
   exported base run's, trained on the plain corpus, fine-tuned on self-distilled rows), trains
-  on, exports a lossless drafter and records where it started and the start's own metadata. A folder of another family,
-  network or taps is refused by name before the run writes anything."""
+  on, exports a lossless drafter and records where it started and the start's own metadata. A
+  folder of another family, network or taps is refused by name before the run writes anything."""
   base = train_drafter(_config("eagle3", source_dir, tmp_path / "base", "source=corpus"),
                        progress=False, target=target)
   folder = base["export_dir"]
