@@ -458,7 +458,7 @@ def _setup(target: Target, prompts, max_new_tokens: int, drafter, sampling: Samp
       # agree, and it works when the mesh spans other processes' devices.
       return jax.make_array_from_callback(a.shape, where, lambda index: a[index])
 
-    drafter = sharding.shard_drafter(drafter, cfg, mesh)
+    drafter = sharding.place_drafter(drafter, target, mesh)
     batch = tuple(_global(a, sharding.batch_sharding(mesh)) for a in batch)
     eos, key = shared
     rep = sharding.replicated(mesh)

@@ -19,8 +19,12 @@ split over `model` when the model axis divides the K KV heads; otherwise they ar
 `model`, and each device computes and stores all K heads for its batch rows while its query
 heads are split. Query heads, MLP units and the vocabulary of a target must divide the model
 axis (`ShardingError` otherwise); a drafter's dimensions that do not divide are replicated
-instead (drafters are small). The cache's batch rows are split over `data`; `generate` pads a
-batch to a multiple of it.
+instead. The cache's batch rows are split over `data`; `generate` pads a batch to a multiple of
+it.
+
+Drafters are laid out beside their target by `place_drafter`: a whole copy on every device when
+that at most doubles each device's parameter bytes (`replicates_drafter`: a few small sublayers
+draft faster without a collective after each), else split by the rules above.
 """
 
 from __future__ import annotations
@@ -297,8 +301,38 @@ def drafter_shardings(drafter: Any, target_cfg: ModelConfig, mesh: Mesh) -> Any:
 
 
 def shard_drafter(drafter: Any, target_cfg: ModelConfig, mesh: Mesh) -> Any:
-  """The drafter with its arrays placed on `mesh` (a no-op for one already placed)."""
+  """The drafter with its arrays split on `mesh` by its rules (a no-op for one already placed)."""
   return place(drafter, drafter_shardings(drafter, target_cfg, mesh))
+
+
+def nbytes(tree: Any) -> int:
+  """Bytes of the (global) arrays in `tree`, counted once whatever their layout."""
+  return sum(int(x.nbytes) for x in jax.tree.leaves(tree) if hasattr(x, "nbytes"))
+
+
+def replicates_drafter(drafter: Any, target_params: Any, mesh: Mesh | None) -> bool:
+  """Whether `place_drafter` puts a whole copy of the drafter on every device of the model
+  axis instead of splitting it: when that at most doubles the parameter bytes each device holds
+  (the target's share plus the drafter's), i.e. drafter bytes x (tp - 2) <= target bytes.
+
+  A drafter is a layer or two run on a handful of rows: split over `model`, each of its
+  sublayers ends in a collective that its few FLOPs do not pay for, and a draft is a sequence
+  of such sublayers. A copy on every device drafts with no communication at all (the target's
+  verification stays split). The memory bound keeps a drafter that is big beside a device's
+  share of the target (a draft LM over many devices, say) split."""
+  tp = model_size(mesh)
+  return tp > 1 and nbytes(drafter) * (tp - 2) <= nbytes(target_params)
+
+
+def place_drafter(drafter: Any, target: Any, mesh: Mesh) -> Any:
+  """The drafter laid out beside `target` (its `config` and `params`) on `mesh`: replicated
+  when `replicates_drafter` says so, else split by its rules (`shard_drafter`). A no-op for a
+  drafter already laid out so."""
+  if not replicates_drafter(drafter, target.params, mesh):
+    return shard_drafter(drafter, target.config, mesh)
+  rep = replicated(mesh)
+  return place(drafter, jax.tree.map(lambda x: rep if hasattr(x, "shape") else None, drafter,
+                                     is_leaf=lambda x: x is None))
 
 
 def logical_spec(logical: tuple[str | None, ...], amap: dict[str, str | None]) -> PartitionSpec:

@@ -19,6 +19,7 @@ halves of the KV-head rule.
 
 from __future__ import annotations
 
+import os
 import re
 
 import jax
@@ -28,6 +29,7 @@ import pytest
 import specjax
 from specjax import assets, decoding, drafters, sharding
 from specjax.drafters import draft_lm
+from specjax.drafters.io import load_drafter
 from specjax.interop.hf import load_target
 from tests.helpers import tiny_targets as tt
 
@@ -165,6 +167,36 @@ def test_placement_is_real(embedded, spec):
   assert len(per_device) == 8 and max(per_device.values()) < 1.1 * whole / tp
 
 
+@pytest.mark.parametrize("spec, copied", [("dp=4,tp=2", True), ("dp=2,tp=4", False),
+                                           ("dp=8,tp=1", False)])
+def test_drafter_placement_follows_its_size(embedded, spec, copied):
+  """The shipped DFlash (float32 beside the bfloat16-stored target: 9.4 MiB against 12.6 MiB)
+  is copied whole onto every device where that at most doubles each device's parameter bytes
+  (tp=2), and split by its rules where it would not (tp=4: 9.4 x 2 > 12.6); with no model axis
+  there is nothing to split. The same layout whichever way it is built: by the registry, loaded
+  from its folder, or placed by generate."""
+  target = embedded.on_mesh(spec)
+  tp = target.mesh.shape["model"]
+  built = drafters.build("dflash", target)
+  assert sharding.replicates_drafter(built, target.params, target.mesh) == copied
+  leaves = [x for x in jax.tree.leaves(built) if isinstance(x, jax.Array)]
+  assert leaves
+  if copied:
+    assert all(x.sharding.is_fully_replicated for x in leaves)
+    per_device = sharding.bytes_per_device(built)
+    assert set(per_device.values()) == {sharding.nbytes(built)}
+  elif tp > 1:
+    assert any(_shard_fraction(x) == {1 / tp} for x in leaves)
+    split = sharding.shard_drafter(built, target.config, target.mesh)
+    assert [x.sharding for x in leaves] == [
+        x.sharding for x in jax.tree.leaves(split) if isinstance(x, jax.Array)]
+  loaded = load_drafter(os.path.join(assets.ASSETS_DIR, "dflash"), target)
+  placed = sharding.place_drafter(drafters.build("dflash", embedded), target, target.mesh)
+  for other in (loaded, placed):
+    assert [x.sharding for x in jax.tree.leaves(other) if isinstance(x, jax.Array)] == [
+        x.sharding for x in leaves]
+
+
 def _all_gather_shapes(hlo: str) -> set[tuple[int, ...]]:
   return {tuple(int(d) for d in dims.split(",") if d)
           for dims in re.findall(r"= \w+\[([\d,]*)\]\{[^}]*\} all-gather\(", hlo)}
@@ -260,6 +292,18 @@ def test_greedy_identical_on_every_mesh(tiny, tiny_reference, name):
       if batch == 8:
         assert got.stats.accepted_by_depth == ref.stats.accepted_by_depth, spec
         assert got.stats.tau == ref.stats.tau, spec
+
+
+def test_the_matrix_covers_both_drafter_layouts(tiny):
+  """Premise of the matrix above: the tiny target's learned drafters are copied whole onto each
+  device on tp=2 and split by their rules on tp=8 (`sharding.replicates_drafter`), so both
+  layouts are checked for the single-device tokens."""
+  target, built = tiny
+  learned = [built[n] for n in ("medusa", "hydra", "eagle", "eagle3", "dflash")]
+  for spec, copied in (("dp=4,tp=2", True), ("dp=1,tp=8", False)):
+    on_mesh = target.on_mesh(spec)
+    assert all(sharding.replicates_drafter(d, on_mesh.params, on_mesh.mesh) == copied
+               for d in learned), spec
 
 
 def test_drafters_do_propose_on_the_tiny_target(tiny_reference):

@@ -138,7 +138,7 @@ def load_drafter(path: str | os.PathLike, target, *, format: str | None = None,
   """Loads a learned drafter for `target` (a `specjax.Target`); tree_options override the
   family's tree shape (Medusa/Hydra: `choices`; EAGLE/EAGLE-3: depth, top_k, total_tokens;
   DFlash: depth, top_k, total_tokens). On a target with a mesh the drafter is laid out on it
-  (`specjax.sharding.shard_drafter`).
+  (`specjax.sharding.place_drafter`).
 
   format: the folder's layout, "specjax" or a published one (`specjax.interop.formats`: eagle3,
     eagle, medusa, dflash); default: detected from the folder."""
@@ -183,8 +183,8 @@ def read_drafter(path: str | os.PathLike, target, *, format: str | None = None):
 
 
 def _placed(drafter, target):
-  if target.mesh is not None:  # read once on the host, then each device gets its shards
-    drafter = sharding.shard_drafter(drafter, target.config, target.mesh)
+  if target.mesh is not None:  # read once on the host, then each device gets its part
+    drafter = sharding.place_drafter(drafter, target, target.mesh)
   return drafter
 
 

@@ -86,11 +86,11 @@ def defaults(name: str) -> dict[str, Any]:
 def build(name: str, target: Target, **options) -> Drafter:
   """Builds drafter `name` for `target`; its builder raises ValueError for what cannot work
   (e.g. a draft LM of another vocabulary). `available` answers for the default options.
-  On a target with a mesh the drafter's arrays are placed on it by its partition rules."""
+  On a target with a mesh the drafter's arrays are laid out on it (`sharding.place_drafter`)."""
   drafter = _entry(name).build(target, **options)
   mesh = getattr(target, "mesh", None)  # model-free builders also accept target=None
   if mesh is not None:
-    drafter = sharding.shard_drafter(drafter, target.config, mesh)
+    drafter = sharding.place_drafter(drafter, target, mesh)
   return drafter
 
 
