@@ -331,8 +331,7 @@ def place_drafter(drafter: Any, target: Any, mesh: Mesh) -> Any:
   if not replicates_drafter(drafter, target.params, mesh):
     return shard_drafter(drafter, target.config, mesh)
   rep = replicated(mesh)
-  return place(drafter, jax.tree.map(lambda x: rep if hasattr(x, "shape") else None, drafter,
-                                     is_leaf=lambda x: x is None))
+  return place(drafter, jax.tree.map(lambda _: rep, drafter))
 
 
 def logical_spec(logical: tuple[str | None, ...], amap: dict[str, str | None]) -> PartitionSpec:
