@@ -123,6 +123,9 @@ class _Spec:
   config: ModelConfig  # the sampling mode is in the sampling argument's tree structure
   cache_len: int
   mesh: jax.sharding.Mesh | None = None
+  # The drafter is copied whole onto every device (`sharding.replicates_drafter`) and reads a
+  # whole copy of the target's embedding table.
+  copied_drafter: bool = False
 
 
 def bucket_lengths(limit: int) -> list[int]:
@@ -201,6 +204,13 @@ def _constrain(spec: _Spec, state: DecodeState) -> DecodeState:
   return fixed.replace(drafter_state=state.drafter_state, sampling=state.sampling)
 
 
+def _drafter_params(spec: _Spec, params):
+  """The target params a drafter reads: beside a copied drafter, with a whole copy of the
+  embedding table on every device (`sharding.with_whole_embedding`). Programs call it once,
+  outside their loops."""
+  return sharding.with_whole_embedding(params) if spec.copied_drafter else params
+
+
 def _prefill(spec: _Spec, params, drafter, prompts, prompt_lens, live, eos_ids, rng,
              sampling: SamplingConfig, max_new, cache: KVCache) -> DecodeState:
   """The prompts' forward pass into `cache`; rows with `live` False (batch padding) start done."""
@@ -216,7 +226,7 @@ def _prefill(spec: _Spec, params, drafter, prompts, prompt_lens, live, eos_ids, 
   history = jnp.zeros((b, spec.cache_len), jnp.int32).at[:, :p].set(prompts)
   history = history.at[jnp.arange(b), prompt_lens].set(first)
   cache = out.cache.advance(prompt_lens)
-  view = TargetView(cfg, sampling, params)
+  view = TargetView(cfg, sampling, _drafter_params(spec, params))
   drafter_state = drafter.init(view, Prefill(prompts, history, prompt_lens + 1, last, out.hidden,
                                                   cache))
   return _constrain(spec, DecodeState(
@@ -229,17 +239,18 @@ def _prefill(spec: _Spec, params, drafter, prompts, prompt_lens, live, eos_ids, 
 
 
 @jax.named_scope("draft")
-def _draft_phase(spec: _Spec, params, drafter, s: DecodeState):
+def _draft_phase(spec: _Spec, dparams, drafter, s: DecodeState):
+  """`dparams`: the target params as the drafter reads them (`_drafter_params`)."""
   rng, draft_key, accept_key = jax.random.split(s.rng, 3)
-  view = TargetView(spec.config, s.sampling, params)
+  view = TargetView(spec.config, s.sampling, dparams)
   tree, drafter_state, cache = drafter.draft(
       view, s.drafter_state, DraftContext(s.history, s.hist_len, s.pending, s.cache, draft_key))
   return tree, s.replace(cache=cache, drafter_state=drafter_state, rng=rng), accept_key
 
 
 @jax.named_scope("verify")
-def _verify_phase(spec: _Spec, params, drafter, eos_ids, tree, s: DecodeState, accept_key
-                  ) -> DecodeState:
+def _verify_phase(spec: _Spec, params, dparams, drafter, eos_ids, tree, s: DecodeState,
+                  accept_key) -> DecodeState:
   """Verify [pending | tree] in one target call, accept, commit, append, update the drafter."""
   cfg = spec.config
   b = s.hist_len.shape[0]
@@ -258,7 +269,7 @@ def _verify_phase(spec: _Spec, params, drafter, eos_ids, tree, s: DecodeState, a
   history = s.history.at[jnp.arange(b)[:, None], cols].set(acc.tokens, mode="drop")
   hist_len = s.hist_len + n_emit
   emitted_eos = jnp.any(_is_eos(acc.tokens, eos_ids) & (idx < n_emit[:, None]), axis=1)
-  view = TargetView(cfg, s.sampling, params)
+  view = TargetView(cfg, s.sampling, dparams)
   with jax.named_scope("drafter_update"):
     drafter_state = drafter.update(view, s.drafter_state, RoundResult(
         tree, acc, block, out.logits, out.hidden, live, history, hist_len))
@@ -282,18 +293,20 @@ def commit_round(cache: KVCache, path: jax.Array, n_emit: jax.Array, *, chain: b
   return cache.advance(n_emit) if chain else cache.commit(path, n_emit)
 
 
-def _round(spec: _Spec, params, drafter, eos_ids, s: DecodeState) -> DecodeState:
+def _round(spec: _Spec, params, dparams, drafter, eos_ids, s: DecodeState) -> DecodeState:
   """draft -> verify [pending | tree] in one target call -> accept -> commit -> update."""
-  tree, s, accept_key = _draft_phase(spec, params, drafter, s)
-  return _constrain(spec, _verify_phase(spec, params, drafter, eos_ids, tree, s, accept_key))
+  tree, s, accept_key = _draft_phase(spec, dparams, drafter, s)
+  return _constrain(spec, _verify_phase(spec, params, dparams, drafter, eos_ids, tree, s,
+                                        accept_key))
 
 
 def _generate_program(spec: _Spec, params, drafter, prompts, prompt_lens, live, eos_ids, rng,
                       sampling, max_new, cache) -> DecodeState:
   state = _prefill(spec, params, drafter, prompts, prompt_lens, live, eos_ids, rng, sampling,
                    max_new, cache)
+  dparams = _drafter_params(spec, params)
   return jax.lax.while_loop(lambda s: ~jnp.all(s.done),
-                            lambda s: _round(spec, params, drafter, eos_ids, s), state)
+                            lambda s: _round(spec, params, dparams, drafter, eos_ids, s), state)
 
 
 _COMPILED: dict[tuple, jax.stages.Compiled] = {}
@@ -437,7 +450,8 @@ def _setup(target: Target, prompts, max_new_tokens: int, drafter, sampling: Samp
   p = pad_to or bucket_length(longest, cfg.max_position_embeddings)
   mesh = target.mesh
   spec = _Spec(cfg, mesh=mesh, cache_len=cache_length(
-      p, max_new_tokens, drafter.num_nodes, cfg.max_position_embeddings))
+      p, max_new_tokens, drafter.num_nodes, cfg.max_position_embeddings),
+      copied_drafter=sharding.replicates_drafter(drafter, target.params, mesh))
   n_real = len(ids)
   rows = ids + [ids[-1]] * (batch_rows(n_real, mesh) - n_real)  # pad rows: done
   prompt_arr = np.zeros((len(rows), p), np.int32)
@@ -589,11 +603,13 @@ def _loops_program(spec: _Spec, params, drafter, eos_ids, state: DecodeState, n_
                    ) -> DecodeState:
   """From a prefilled `state`: one draft, `n_verify` verify phases of that draft, then `n_round`
   whole rounds."""
-  tree, _, key = _draft_phase(spec, params, drafter, state)
+  dparams = _drafter_params(spec, params)
+  tree, _, key = _draft_phase(spec, dparams, drafter, state)
   state = jax.lax.fori_loop(
-      0, n_verify, lambda i, s: _verify_phase(spec, params, drafter, eos_ids, tree, s, key), state)
+      0, n_verify,
+      lambda i, s: _verify_phase(spec, params, dparams, drafter, eos_ids, tree, s, key), state)
   return jax.lax.fori_loop(
-      0, n_round, lambda i, s: _round(spec, params, drafter, eos_ids, s), state)
+      0, n_round, lambda i, s: _round(spec, params, dparams, drafter, eos_ids, s), state)
 
 
 def round_loop(target: Target, prompts, *, drafter: Drafter | None = None,

@@ -23,8 +23,10 @@ instead. The cache's batch rows are split over `data`; `generate` pads a batch t
 it.
 
 Drafters are laid out beside their target by `place_drafter`: a whole copy on every device when
-that at most doubles each device's parameter bytes (`replicates_drafter`: a few small sublayers
-draft faster without a collective after each), else split by the rules above.
+that at most doubles each device's parameter bytes, else split by the rules above
+(`replicates_drafter`). A copied drafter also looks tokens up in a whole copy of the target's
+embedding table (`with_whole_embedding`): a draft of a few small sublayers and lookups then runs
+with few collectives.
 """
 
 from __future__ import annotations
@@ -45,11 +47,13 @@ DATA, MODEL = "data", "model"
 AUTO = "auto"  # the mesh spec of `auto_mesh`
 _SPEC_NAMES = {"dp": DATA, "data": DATA, "tp": MODEL, "model": MODEL}
 
+EMBEDDING = r"embed_tokens/embedding$"  # a target's input embedding table, by parameter path
+
 # (regex searched in the parameter path, logical axis per dimension). Order matters.
 Rules = tuple[tuple[str, tuple[str | None, ...]], ...]
 
 PARAM_RULES: Rules = (
-    (r"embed_tokens/embedding$", ("vocab", None)),  # [V, E]; tied: also the LM head
+    (EMBEDDING, ("vocab", None)),  # [V, E]; tied: also the LM head
     (r"lm_head/kernel$", (None, "vocab")),  # [E, V]
     (r"q_proj/kernel$", (None, "heads")),  # [E_in, H*D]
     (r"q_proj/bias$", ("heads",)),
@@ -310,18 +314,27 @@ def nbytes(tree: Any) -> int:
   return sum(int(x.nbytes) for x in jax.tree.leaves(tree) if hasattr(x, "nbytes"))
 
 
+def embedding_bytes(target_params: Any) -> int:
+  """Bytes of the target's input embedding table (0 for params without one)."""
+  return sum(int(x.nbytes) for path, x in jax.tree_util.tree_flatten_with_path(target_params)[0]
+             if re.search(EMBEDDING, path_str(path)))
+
+
 def replicates_drafter(drafter: Any, target_params: Any, mesh: Mesh | None) -> bool:
-  """Whether `place_drafter` puts a whole copy of the drafter on every device of the model
-  axis instead of splitting it: when that at most doubles the parameter bytes each device holds
-  (the target's share plus the drafter's), i.e. drafter bytes x (tp - 2) <= target bytes.
+  """Whether `place_drafter` puts a whole copy of the drafter on every device of the model axis
+  instead of splitting it, and the decoding loop gives it a whole copy of the target's embedding
+  table to look tokens up in (`with_whole_embedding`).
 
   A drafter is a layer or two run on a handful of rows: split over `model`, each of its
-  sublayers ends in a collective that its few FLOPs do not pay for, and a draft is a sequence
-  of such sublayers. A copy on every device drafts with no communication at all (the target's
-  verification stays split). The memory bound keeps a drafter that is big beside a device's
-  share of the target (a draft LM over many devices, say) split."""
+  sublayers ends in a collective that its few FLOPs do not pay for, and so does each lookup of a
+  token in the vocabulary-split table; a draft is a sequence of such steps. Copies are made when
+  they at most double the parameter bytes each device holds (the target's share plus the
+  drafter's): drafter bytes x (tp - 2) + table bytes x (tp - 1) <= target bytes. The bound keeps
+  a drafter that is big beside a device's share of the target (a draft LM over many devices, say)
+  split. The target's verification stays split either way."""
   tp = model_size(mesh)
-  return tp > 1 and nbytes(drafter) * (tp - 2) <= nbytes(target_params)
+  return tp > 1 and (nbytes(drafter) * (tp - 2) + embedding_bytes(target_params) * (tp - 1)
+                     <= nbytes(target_params))
 
 
 def place_drafter(drafter: Any, target: Any, mesh: Mesh) -> Any:
@@ -332,6 +345,20 @@ def place_drafter(drafter: Any, target: Any, mesh: Mesh) -> Any:
     return shard_drafter(drafter, target.config, mesh)
   rep = replicated(mesh)
   return place(drafter, jax.tree.map(lambda _: rep, drafter))
+
+
+def with_whole_embedding(target_params: Any) -> Any:
+  """The target's params as a copied drafter reads them, traced under the mesh: the embedding
+  table gathered whole onto every device (once per program, where this is called), so a lookup
+  needs no collective; every other array as it is laid out."""
+  mesh = tracing_mesh()
+  if mesh is None:
+    return target_params
+  whole = NamedSharding(mesh, PartitionSpec())
+
+  def one(path, x):
+    return jax.lax.with_sharding_constraint(x, whole) if re.search(EMBEDDING, path_str(path)) else x
+  return jax.tree_util.tree_map_with_path(one, target_params)
 
 
 def logical_spec(logical: tuple[str | None, ...], amap: dict[str, str | None]) -> PartitionSpec:

@@ -19,6 +19,7 @@ halves of the KV-head rule.
 
 from __future__ import annotations
 
+import collections
 import os
 import re
 
@@ -27,7 +28,7 @@ import numpy as np
 import pytest
 
 import specjax
-from specjax import assets, decoding, drafters, sharding
+from specjax import assets, decoding, drafters, profiling, sharding
 from specjax.drafters import draft_lm
 from specjax.drafters.io import load_drafter
 from specjax.interop.hf import load_target
@@ -170,9 +171,10 @@ def test_placement_is_real(embedded, spec):
 @pytest.mark.parametrize("spec, copied", [("dp=4,tp=2", True), ("dp=2,tp=4", False),
                                            ("dp=8,tp=1", False)])
 def test_drafter_placement_follows_its_size(embedded, spec, copied):
-  """The shipped DFlash (float32 beside the bfloat16-stored target: 9.4 MiB against 12.6 MiB)
-  is copied whole onto every device where that at most doubles each device's parameter bytes
-  (tp=2), and split by its rules where it would not (tp=4: 9.4 x 2 > 12.6); with no model axis
+  """The shipped DFlash (float32 beside the bfloat16-stored target: 9.4 MiB against 12.6 MiB,
+  4 MiB of it the embedding table) is copied whole onto every device, with the table, where that
+  at most doubles each device's parameter bytes (tp=2: 4 <= 12.6), and split by its rules where
+  it would not (tp=4: 9.4 x 2 + 4 x 3 > 12.6); with no model axis
   there is nothing to split. The same layout whichever way it is built: by the registry, loaded
   from its folder, or placed by generate."""
   target = embedded.on_mesh(spec)
@@ -195,6 +197,41 @@ def test_drafter_placement_follows_its_size(embedded, spec, copied):
   for other in (loaded, placed):
     assert [x.sharding for x in jax.tree.leaves(other) if isinstance(x, jax.Array)] == [
         x.sharding for x in leaves]
+
+
+def _collectives(hlo: str) -> collections.Counter:
+  """(named scope, collective kind, the jax op it serves) -> count over a compiled program's
+  instructions (the op from their metadata: `gather` for a table lookup)."""
+  scopes = profiling.hlo_scopes(hlo)
+  found = collections.Counter()
+  for name, kind, rest in re.findall(
+      r"^\s*(?:ROOT )?%?([^\s=]+) = \S+ (all-reduce|all-gather|reduce-scatter|all-to-all|"
+      r"collective-permute)(?:-start)?\((.*)$", hlo, flags=re.M):
+    op = re.search(r'op_name="([^"]*)"', rest)
+    found[(scopes.get(name, "?"), kind, op.group(1).rsplit("/", 1)[-1] if op else "?")] += 1
+  return found
+
+
+@pytest.mark.parametrize("name", ["eagle", "eagle3", "dflash"])
+def test_copied_drafters_look_tokens_up_without_collectives(embedded, name):
+  """On dp=4,tp=2 the shipped drafters are copied whole onto each device and look tokens up in a
+  whole copy of the target's embedding table, gathered once before the loop: no lookup in their
+  draft phase or their update communicates (from the vocabulary-split table each was an
+  all-reduce: 13 in EAGLE's and DFlash's compiled program, 9 in EAGLE-3's), while the target's
+  verification stays split over `model` (its row-parallel all-reduces remain)."""
+  target = embedded.on_mesh("dp=4,tp=2")
+  drafter = drafters.build(name, target)
+  assert sharding.replicates_drafter(drafter, target.params, target.mesh)
+  prompts = [embedded.encode(t) for t in _CODE[:4]]
+  _, hlo = decoding.round_loop(target, prompts, drafter=drafter, max_new_tokens=NEW)
+  assert any(s.startswith("draft/") for s in profiling.hlo_scopes(hlo).values())  # premise
+  found = _collectives(hlo)
+  lookups = {k: n for k, n in found.items() if k[2] == "gather"
+             and (k[0].startswith("draft/") or "drafter_update" in k[0])}
+  assert not lookups, lookups
+  assert any(scope.startswith("verify") and kind == "all-reduce" for scope, kind, _ in found)
+  cfg = embedded.config
+  assert (cfg.vocab_size, cfg.hidden_size) in _all_gather_shapes(hlo)  # the table, whole
 
 
 def _all_gather_shapes(hlo: str) -> set[tuple[int, ...]]:
