@@ -3,12 +3,14 @@
 
 import math
 
+import jax
 import pytest
 
 import specjax
-from specjax import drafters
+from specjax import decoding, drafters
 from specjax.decoding import bucket_length, cache_length, profile_phases
 from specjax.profiling import PARTS, hlo_scopes, kernel_times, scope_of, verify_parts
+from specjax.sampling import SamplingConfig
 
 
 @pytest.fixture(scope="module")
@@ -109,3 +111,16 @@ def test_bench_roofline_kernel_table(target, capsys):
   assert "eagle: skipped, 'eagle' is not available for this target" in out
   assert "| phase/part | autoregressive kernels | autoregressive ms | chain2 kernels |" in out
   assert "| verify/attention |" in out and "| total |" in out
+
+
+def test_profiled_prefill_writes_into_the_cache_it_is_given(target):
+  """`profile_phases` times the prefill as `generate` runs it: the program takes over (donates)
+  the cache it is given and writes the prompt into it, where one that kept its input would copy
+  the whole cache into a new buffer first, a cost `generate` does not pay."""
+  for on in (target, target.on_mesh("dp=4,tp=2")):
+    spec, args = decoding._profiler_setup(on, [list(range(1, 21))], None, 16,
+                                          SamplingConfig(), None)
+    given = jax.tree.leaves(args[-1])
+    state = decoding._prefill_program(spec, *args)
+    assert all(x.is_deleted() for x in given)
+    assert not any(x.is_deleted() for x in jax.tree.leaves(state.cache))
