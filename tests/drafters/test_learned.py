@@ -115,8 +115,9 @@ def _rounds(target, drafter, rounds: int, prompts=(PROMPT,)):
   params, drafter, eos = args[0], args[1], args[5]
   state = jax.jit(decoding._prefill, static_argnums=0)(spec, *args)
   step = jax.jit(decoding._round, static_argnums=0)
+  dparams = decoding._drafter_params(spec, params)  # the params themselves on one device
   for _ in range(rounds):
-    state = step(spec, params, drafter, eos, state)
+    state = step(spec, params, dparams, drafter, eos, state)
   return state
 
 
