@@ -206,8 +206,8 @@ def _constrain(spec: _Spec, state: DecodeState) -> DecodeState:
 
 def _drafter_params(spec: _Spec, params):
   """The target params a drafter reads: beside a copied drafter, with a whole copy of the
-  embedding table on every device (`sharding.with_whole_embedding`). Programs call it once,
-  outside their loops."""
+  embedding table on every device (`sharding.with_whole_embedding`). Programs call it outside
+  their loops (generate's prefill and loop each do; XLA merges the two into one gather)."""
   return sharding.with_whole_embedding(params) if spec.copied_drafter else params
 
 
@@ -449,9 +449,9 @@ def _setup(target: Target, prompts, max_new_tokens: int, drafter, sampling: Samp
       raise ValueError(f"pad_to={pad_to} is shorter than the longest prompt ({longest})")
   p = pad_to or bucket_length(longest, cfg.max_position_embeddings)
   mesh = target.mesh
+  copied = sharding.replicates_drafter(drafter, target.params, mesh)
   spec = _Spec(cfg, mesh=mesh, cache_len=cache_length(
-      p, max_new_tokens, drafter.num_nodes, cfg.max_position_embeddings),
-      copied_drafter=sharding.replicates_drafter(drafter, target.params, mesh))
+      p, max_new_tokens, drafter.num_nodes, cfg.max_position_embeddings), copied_drafter=copied)
   n_real = len(ids)
   rows = ids + [ids[-1]] * (batch_rows(n_real, mesh) - n_real)  # pad rows: done
   prompt_arr = np.zeros((len(rows), p), np.int32)
@@ -472,7 +472,7 @@ def _setup(target: Target, prompts, max_new_tokens: int, drafter, sampling: Samp
       # agree, and it works when the mesh spans other processes' devices.
       return jax.make_array_from_callback(a.shape, where, lambda index: a[index])
 
-    drafter = sharding.place_drafter(drafter, target, mesh)
+    drafter = sharding.place_drafter(drafter, target, mesh, copied=copied)
     batch = tuple(_global(a, sharding.batch_sharding(mesh)) for a in batch)
     eos, key = shared
     rep = sharding.replicated(mesh)

@@ -314,10 +314,14 @@ def nbytes(tree: Any) -> int:
   return sum(int(x.nbytes) for x in jax.tree.leaves(tree) if hasattr(x, "nbytes"))
 
 
+def _is_embedding(path: tuple) -> bool:
+  return re.search(EMBEDDING, path_str(path)) is not None
+
+
 def embedding_bytes(target_params: Any) -> int:
   """Bytes of the target's input embedding table (0 for params without one)."""
   return sum(int(x.nbytes) for path, x in jax.tree_util.tree_flatten_with_path(target_params)[0]
-             if re.search(EMBEDDING, path_str(path)))
+             if _is_embedding(path))
 
 
 def replicates_drafter(drafter: Any, target_params: Any, mesh: Mesh | None) -> bool:
@@ -337,11 +341,13 @@ def replicates_drafter(drafter: Any, target_params: Any, mesh: Mesh | None) -> b
                      <= nbytes(target_params))
 
 
-def place_drafter(drafter: Any, target: Any, mesh: Mesh) -> Any:
+def place_drafter(drafter: Any, target: Any, mesh: Mesh, *, copied: bool | None = None) -> Any:
   """The drafter laid out beside `target` (its `config` and `params`) on `mesh`: replicated
-  when `replicates_drafter` says so, else split by its rules (`shard_drafter`). A no-op for a
-  drafter already laid out so."""
-  if not replicates_drafter(drafter, target.params, mesh):
+  when `replicates_drafter` says so (`copied`: its answer, when the caller has it already), else
+  split by its rules (`shard_drafter`). A no-op for a drafter already laid out so."""
+  if copied is None:
+    copied = replicates_drafter(drafter, target.params, mesh)
+  if not copied:
     return shard_drafter(drafter, target.config, mesh)
   rep = replicated(mesh)
   return place(drafter, jax.tree.map(lambda _: rep, drafter))
@@ -357,7 +363,7 @@ def with_whole_embedding(target_params: Any) -> Any:
   whole = NamedSharding(mesh, PartitionSpec())
 
   def one(path, x):
-    return jax.lax.with_sharding_constraint(x, whole) if re.search(EMBEDDING, path_str(path)) else x
+    return jax.lax.with_sharding_constraint(x, whole) if _is_embedding(path) else x
   return jax.tree_util.tree_map_with_path(one, target_params)
 
 
