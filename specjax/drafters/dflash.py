@@ -469,6 +469,9 @@ class DFlashFamily(learned.Family):
   uses_target_head = True
   options = ("target_layers", "num_layers", "num_kv_heads", "block_size", "num_anchors",
              "correction_rank", "anchor_feature")
+  # One mask embedding serves every masked position and positions are RoPE'd: no parameter
+  # depends on the block size, so a trained drafter can start a run with a longer block.
+  free_fields = ("block_size",)
 
   def default_taps(self, target_cfg: ModelConfig) -> tuple[int, ...]:
     """Low, middle and high taps spread over the target (outputs of layers L // 3, 2L // 3 and

@@ -298,6 +298,8 @@ class Family(abc.ABC):
       `specjax.train.drafter.FAMILY_OPTIONS`);
       the trainer refuses
       a run that sets any other one away from its default.
+    free_fields: network config fields no parameter's shape or meaning depends on, which a
+      run may change from the drafter it starts from (`init_from`), e.g. DFlash's block size.
   """
 
   name: str
@@ -306,6 +308,7 @@ class Family(abc.ABC):
   config_cls: type
   uses_target_head: bool = True
   options: tuple[str, ...] = ()
+  free_fields: tuple[str, ...] = ()
 
   # -- network -------------------------------------------------------------------------------
 

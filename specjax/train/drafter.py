@@ -480,15 +480,17 @@ def train_drafter(cfg: DrafterTrainConfig, *, stop_after: int | None = None,
 
 def starting_drafter(cfg: DrafterTrainConfig, target: Target, net, layers: tuple[int, ...]):
   """`cfg.init_from` read for `target` (`io.read_drafter`), checked against the run: the same
-  family, network config (every field the run's options and the target decide) and taps."""
+  family, network config (every field the run's options and the target decide, but the
+  family's `free_fields`, which then take the run's values) and taps."""
   read = io.read_drafter(cfg.init_from, target)
   where = f"init_from {cfg.init_from}"
   if read.method != cfg.method:
     raise ValueError(f"{where} is a {read.method} drafter, this run trains {cfg.method}")
+  free = registry.family(cfg.method).free_fields
   theirs, ours = (config_utils.flatten(config_utils.to_dict(n.with_dtype(net.dtype)))
                   for n in (read.net, net))
   differ = [f"{k}: {theirs.get(k)!r} (run: {ours.get(k)!r})" for k in sorted(ours)
-            if theirs.get(k) != ours[k]]
+            if theirs.get(k) != ours[k] and k not in free]
   if differ:
     raise ValueError(f"{where} has another network than this run's options make: "
                      + "; ".join(differ))

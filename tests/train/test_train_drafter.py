@@ -83,6 +83,31 @@ def test_dflash_random_anchors_resume_exactly(source_dir, target, tmp_path):
   _assert_params_equal(straight["params"], resumed["params"])
 
 
+def test_dflash_fine_tuning_may_widen_the_block(source_dir, target, tmp_path):
+  """No DFlash parameter depends on the block size (`DFlashFamily.free_fields`): a run with a
+  longer block starts from a trained folder's params exactly and trains its new depths, and the
+  export drafts that block losslessly. Any other network change is still refused by name."""
+  opts = ("source=corpus", "num_anchors=4", "block_size=4", "train_steps=3", "eval_depth=3")
+  base = train_drafter(_config("dflash", source_dir, tmp_path / "b4", *opts), progress=False,
+                       target=target)
+  wide = ("source=corpus", "num_anchors=4", "block_size=6", "train_steps=5", "eval_depth=5",
+          f"init_from={base['export_dir']}")
+  cfg = _config("dflash", source_dir, tmp_path / "b6", *wide)
+  start = train_drafter(cfg, stop_after=0, progress=False, target=target)
+  _assert_params_equal(start["params"], base["params"])
+  tuned = train_drafter(cfg, progress=False, target=target)
+  assert tuned["finished"] and len(tuned["metadata"]["heldout_agreement_by_depth"]) == 5
+  drafter = specjax.load_drafter(tuned["export_dir"], target)
+  assert drafter.net.block_size == 6 and drafter.depth == 5
+  prompt = [target.encode("def add(a, b):\n    return")]
+  ours = specjax.generate(target, prompt, max_new_tokens=24, drafter=drafter)
+  assert ours.tokens == specjax.generate(target, prompt, max_new_tokens=24).tokens
+  with pytest.raises(ValueError, match=r"another network than this run's options make: "
+                                       r"model.num_kv_heads: 8 \(run: 4\)"):
+    train_drafter(_config("dflash", source_dir, tmp_path / "bad", *wide, "num_kv_heads=4"),
+                  progress=False, target=target)
+
+
 def test_self_distillation_resumes_from_its_chunks(source_dir, target, tmp_path, monkeypatch,
                                                   capsys):
   """Self-distillation saves each generated chunk as it goes: killed after one of three chunks it
