@@ -319,7 +319,9 @@ def release_compiled() -> None:
   "Unable to allocate section memory") long before it runs out of memory."""
   _COMPILED.clear()
   jax.clear_caches()
-_CACHE_ARG = 10  # the cache's position in _generate_program's arguments (donated)
+# The cache's position in the arguments of _generate_program and of _prefill, which share
+# their signature: both programs take it over (donate it).
+_CACHE_ARG = 10
 
 
 def _mesh_context(mesh):
@@ -664,8 +666,10 @@ def _profile(spec: _Spec, args: tuple, repeats: int, trials: int) -> dict[str, f
     runs["round"] = lambda n: loops(0, n)
   per_round = timing.per_iteration(runs, 2 * repeats, trials)
 
+  batch = args[2].shape[0]  # the prompts' rows
+
   def timed_prefill() -> float:
-    cache = jax.block_until_ready(_init_cache(spec, args[3].shape[0]))  # fresh: donated
+    cache = jax.block_until_ready(_init_cache(spec, batch))  # fresh: donated
     return timing.wall(lambda: jax.block_until_ready(_prefill_program(spec, *args[:-1], cache)))
 
   # The first `trials` calls warm up: on a mesh the first few run up to 2x slower.
