@@ -27,7 +27,7 @@ import contextlib
 import dataclasses
 import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -319,8 +319,7 @@ def release_compiled() -> None:
   "Unable to allocate section memory") long before it runs out of memory."""
   _COMPILED.clear()
   jax.clear_caches()
-# The cache's position in the arguments of _generate_program and of _prefill, which share
-# their signature: both programs take it over (donate it).
+# The cache's position in _generate_program's arguments: the program takes it over (donates it).
 _CACHE_ARG = 10
 
 
@@ -563,17 +562,18 @@ def profile_phases(target: Target, prompts, *, drafter: Drafter | None = None,
   """Seconds per round of the verify phase and of the draft phase, and of the prefill (the
   prompt's forward plus the drafter's `init`), each with its spread across trials.
 
-  Two compiled programs per method and shapes: the prefill, and the loops (`_loops_program`),
-  which draft one tree from the prefilled state, then chain `n_verify` verify phases of that tree
-  and `n_round` whole rounds (draft, then verify) inside `lax.fori_loop`s, as `generate`'s loop
-  runs them, so per-call dispatch is not counted (t_verify of autoregressive decoding is its
-  in-loop step). Timing whole rounds, not draft phases alone, keeps a drafter whose state a draft
-  leaves unchanged from being hoisted out of the loop: t_draft is what a round costs beyond a
-  verify phase. t_verify and t_round are each the fastest of `trials` runs of 2 * repeats
-  iterations less the fastest call of none, over 2 * repeats (`specjax.timing.per_iteration`, the
-  loops interleaved), which cancels the call's fixed cost; t_prefill is the fastest of `trials`
-  calls (a prefill is long enough to time one call at a time) after as many untimed ones, each
-  writing into a fresh cache it takes over, as generate's does.
+  Two compiled programs per method and shapes: `generate`'s own (which a benchmark has compiled
+  already; given a budget of one token it runs the prefill alone), and the loops
+  (`_loops_program`), which draft one tree from the prefilled state, then chain `n_verify` verify
+  phases of that tree and `n_round` whole rounds (draft, then verify) inside `lax.fori_loop`s, as
+  `generate`'s loop runs them, so per-call dispatch is not counted (t_verify of autoregressive
+  decoding is its in-loop step). Timing whole rounds, not draft phases alone, keeps a drafter
+  whose state a draft leaves unchanged from being hoisted out of the loop: t_draft is what a round
+  costs beyond a verify phase. t_verify and t_round are each the fastest of `trials` runs of
+  2 * repeats iterations less the fastest call of none, over 2 * repeats
+  (`specjax.timing.per_iteration`, the loops interleaved), which cancels the call's fixed cost;
+  t_prefill is the fastest of `trials` calls (a prefill is long enough to time one call at a time)
+  after as many untimed ones, each writing into a fresh cache it takes over, as generate's does.
   `<name>_spread` is the range (max - min) of the per-trial estimates. Nothing is clamped: a
   difference of noisy timings can come out negative, and a caller judging the figures needs to
   see that (`specjax.benchmark` marks such cells). The ideal speedup of a method is
@@ -596,13 +596,26 @@ def _profiler_setup(target: Target, prompts, drafter: Drafter | None, max_new_to
   return spec, args
 
 
-# The profiler's two programs, jitted once at module level (the spec is static; the loop counts
-# are traced), so profiling the same method, shapes and sampling mode again reuses them. The
-# prefill takes over its cache argument, as generate's program does: one that kept its input
-# would first copy the whole cache into a new buffer, a cost generate does not pay.
-_prefill_program = jax.jit(_prefill, static_argnums=0, donate_argnums=_CACHE_ARG)
+def _prefiller(spec: _Spec, args: tuple) -> tuple[Callable[[KVCache], DecodeState], DecodeState]:
+  """`prefill(cache)` runs the prefill of `args` into `cache` (taking it over, as `generate`
+  does) and returns its state; also returns that state on `args`' own cache, ready to decode.
+
+  No program of its own: `generate`'s, given a budget of one token (a traced argument), stops
+  after its prefill. The state to decode from gets `args`' budget back and its rows live again
+  (the profiler's prompts stop at no EOS, so only batch padding is done)."""
+  program, _ = _compiled(spec, *args)
+  params, drafter, prompts, prompt_lens, live, eos_ids, rng, sampling, max_new, cache = args
+  first_only = (params, drafter, prompts, prompt_lens, live, eos_ids, rng, sampling,
+                jnp.ones_like(max_new))
+
+  def prefill(cache: KVCache) -> DecodeState:
+    return program(*first_only, cache)
+
+  return prefill, prefill(cache).replace(done=~live, max_new=max_new)
 
 
+# The profiler's loops, jitted once at module level (the spec is static; the loop counts are
+# traced), so profiling the same method, shapes and sampling mode again reuses them.
 @functools.partial(jax.jit, static_argnums=0)
 def _loops_program(spec: _Spec, params, drafter, eos_ids, state: DecodeState, n_verify, n_round
                    ) -> DecodeState:
@@ -628,7 +641,7 @@ def round_loop(target: Target, prompts, *, drafter: Drafter | None = None,
                                SamplingConfig(temperature, top_k, top_p), pad_to)
   params, drafter, eos = args[0], args[1], args[5]
   with _mesh_context(spec.mesh):
-    state = _prefill_program(spec, *args)
+    _, state = _prefiller(spec, args)
     # The op metadata (named scopes) is the point here, and the compilation caches key
     # programs without it: the profiler's own jitted program could come back from memory or
     # disk as compiled from an older version of the code, with that version's metadata. A
@@ -655,7 +668,7 @@ def round_loop(target: Target, prompts, *, drafter: Drafter | None = None,
 
 def _profile(spec: _Spec, args: tuple, repeats: int, trials: int) -> dict[str, float]:
   params, drafter, eos = args[0], args[1], args[5]
-  state = _prefill_program(spec, *args)
+  prefill_into, state = _prefiller(spec, args)
 
   def loops(n_verify: int, n_round: int):
     return jax.block_until_ready(
@@ -670,7 +683,7 @@ def _profile(spec: _Spec, args: tuple, repeats: int, trials: int) -> dict[str, f
 
   def timed_prefill() -> float:
     cache = jax.block_until_ready(_init_cache(spec, batch))  # fresh: donated
-    return timing.wall(lambda: jax.block_until_ready(_prefill_program(spec, *args[:-1], cache)))
+    return timing.wall(lambda: jax.block_until_ready(prefill_into(cache)))
 
   # The first `trials` calls warm up: on a mesh the first few run up to 2x slower.
   prefill = np.asarray([timed_prefill() for _ in range(2 * trials)][trials:])

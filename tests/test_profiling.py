@@ -4,6 +4,7 @@
 import math
 
 import jax
+import numpy as np
 import pytest
 
 import specjax
@@ -113,14 +114,28 @@ def test_bench_roofline_kernel_table(target, capsys):
   assert "| verify/attention |" in out and "| total |" in out
 
 
-def test_profiled_prefill_writes_into_the_cache_it_is_given(target):
-  """`profile_phases` times the prefill as `generate` runs it: the program takes over (donates)
-  the cache it is given and writes the prompt into it, where one that kept its input would copy
-  the whole cache into a new buffer first, a cost `generate` does not pay."""
+def test_profiled_prefill_is_generates_program_given_one_token(target):
+  """`profile_phases` times the prefill with `generate`'s own compiled program given a budget of
+  one token, which stops after its prefill: no program of its own. It takes over (donates) the
+  cache it is given and writes the prompt into it, where one that kept its input would copy the
+  whole cache into a new buffer first, a cost `generate` does not pay; and the state it leaves to
+  decode from is the prefill's, with the run's own budget."""
   for on in (target, target.on_mesh("dp=4,tp=2")):
     spec, args = decoding._profiler_setup(on, [list(range(1, 21))], None, 16,
                                           SamplingConfig(), None)
+    with decoding._mesh_context(spec.mesh):
+      fresh = decoding._init_cache(spec, args[2].shape[0])
+      expected = jax.jit(decoding._prefill, static_argnums=0)(spec, *args[:-1], fresh)
     given = jax.tree.leaves(args[-1])
-    state = decoding._prefill_program(spec, *args)
+    prefill, state = decoding._prefiller(spec, args)
     assert all(x.is_deleted() for x in given)
     assert not any(x.is_deleted() for x in jax.tree.leaves(state.cache))
+    assert int(state.max_new) == 16 and not state.done[0]  # rows past the first: batch padding
+    assert _values(state) == _values(expected)
+    again = prefill(decoding._init_cache(spec, args[2].shape[0]))
+    assert _values(again.cache) == _values(expected.cache)
+
+
+def _values(tree) -> list[list]:
+  return [np.asarray(jax.random.key_data(x) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+                     else x).tolist() for x in jax.tree.leaves(tree)]
