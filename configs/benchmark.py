@@ -5,6 +5,7 @@
   python -m experiments.benchmark --set methods=autoregressive,prompt_lookup --set num_prompts=4
   python -m experiments.benchmark --set mesh=dp=2,tp=4      # on a device mesh (8 devices)
   python -m experiments.benchmark --set mesh=none           # on one device (one CPU core)
+  python -m experiments.benchmark --set profile=false       # no phase timings: quicker
 
 Expected: a Markdown table (method, tau, tokens/s, speedup, target calls, share of time in
 drafting, ideal speedup) per dataset, results.json / results.md / PNG plots in `out`. The
@@ -23,6 +24,7 @@ def get_config() -> BenchmarkConfig:
       max_prompt_tokens=256,
       max_new_tokens=128,
       temperature=0.0, top_k=0, top_p=1.0, seed=0,
+      profile=True,  # phase timings: draft / verify / prefill ms and the figures built on them
       profile_repeats=10,
       out="out/benchmark",
       # "auto": the target split over every core (CPU) or device it divides into, dp=1 (on a

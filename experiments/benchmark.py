@@ -2,6 +2,7 @@
 
   python -m experiments.benchmark [--config configs/benchmark.py] [--out DIR] [--set key=value]
   python -m experiments.benchmark --set mesh=dp=2,tp=4     # on a device mesh: also bytes/device
+  python -m experiments.benchmark --set profile=false      # tau, tokens/s, speedup only: quicker
 
 Writes DIR/results.json (one record per method and dataset), DIR/results.md and PNG plots.
 A multi-process run (`--coordinator HOST:PORT --num-processes N --process-id I` on each process)
@@ -31,7 +32,8 @@ def main(argv=None):
   print(f"Measured with {provenance.header(saved['provenance'])}")
   if saved.get("layout"):
     print("\n".join(layout_lines(saved["layout"])))
-  print(FOOTNOTE)
+  if cfg.profile:
+    print(FOOTNOTE)
   bad = [f"{r['method']}/{r['dataset']}" for r in records
          if cfg.temperature == 0 and not r["matches_autoregressive"]]
   if bad:

@@ -67,6 +67,10 @@ class BenchmarkConfig:
   top_k: int = 0
   top_p: float = 1.0
   seed: int = 0
+  # Phase timings (draft, verify and prefill ms, and the drafting share, ideal speedups and loop
+  # efficiency built on them): one more compiled program per method. false leaves them out, for
+  # a quicker table of tau, tokens/s and speedup.
+  profile: bool = True
   profile_repeats: int = 10
   out: str = "out/benchmark"
   data_dir: str | None = None
@@ -399,16 +403,22 @@ def markdown(records: list[dict[str, Any]], cfg: BenchmarkConfig,
   lines += layout_lines(mesh_layout) if mesh_layout else []
   for dataset in dict.fromkeys(r["dataset"] for r in records):
     lines += dataset_table([r for r in records if r["dataset"] == dataset], cfg) + [""]
-  return "\n".join(lines + [FOOTNOTE, ""])
+  return "\n".join(lines + ([FOOTNOTE, ""] if cfg.profile else []))
 
 
 def dataset_table(records: list[dict[str, Any]], cfg: BenchmarkConfig) -> list[str]:
-  """The Markdown lines of one dataset's table (its records, finished by `_finish`)."""
+  """The Markdown lines of one dataset's table (its records, finished by `_finish`; without
+  `cfg.profile`, by `add_speedups`: no phase columns)."""
   lines = [f"### {records[0]['dataset']} (T={cfg.temperature}, {cfg.num_prompts} prompts x "
-           f"{cfg.max_new_tokens} new tokens, batch 1)", "", *metrics.markdown_table(
-               ["method", "tau", "tokens/s", "speedup", "target calls", "draft ms/round",
-                "verify ms/round", "prefill ms", "drafting share", "ideal (decode)",
-                "ideal (with prefill)", "loop efficiency", "unreliable"])]
+           f"{cfg.max_new_tokens} new tokens, batch 1)", ""]
+  measured = ["method", "tau", "tokens/s", "speedup", "target calls"]
+  if not cfg.profile:
+    return lines + metrics.markdown_table(measured, [
+        [r["method"], f"{r['tau']:.2f}", f"{r['tokens_per_second']:.1f}", f"{r['speedup']:.2f}x",
+         r["target_calls"]] for r in records])
+  lines += metrics.markdown_table(
+      measured + ["draft ms/round", "verify ms/round", "prefill ms", "drafting share",
+                  "ideal (decode)", "ideal (with prefill)", "loop efficiency", "unreliable"])
   for r in records:
     bad = set(r["unreliable_figures"])
     own = {name: name in bad for name in PHASES}
@@ -464,9 +474,12 @@ def plot(records: list[dict[str, Any]], out: str) -> list[str]:
   for ax, dataset in zip(axes[0], datasets):
     rows = [r for r in records if r["dataset"] == dataset]
     x = np.arange(len(rows))
-    ax.bar(x - 0.2, [r["speedup"] for r in rows], 0.4, label="measured")
-    ax.bar(x + 0.2, [np.nan if r["ideal_speedup"] is None else r["ideal_speedup"]
-                      for r in rows], 0.4, label="ideal (tau x t_AR / t_round)")
+    profiled = "ideal_speedup" in rows[0]  # phase timings were measured
+    width = 0.4 if profiled else 0.8
+    ax.bar(x - 0.2 if profiled else x, [r["speedup"] for r in rows], width, label="measured")
+    if profiled:
+      ax.bar(x + 0.2, [np.nan if r["ideal_speedup"] is None else r["ideal_speedup"]
+                        for r in rows], width, label="ideal (tau x t_AR / t_round)")
     ax.axhline(1.0, color="k", lw=0.8)
     ax.set_xticks(x, [r["method"] for r in rows], rotation=30, ha="right")
     ax.set(title=f"speedup vs autoregressive: {dataset}", ylabel="x")
@@ -513,8 +526,11 @@ def run(cfg: BenchmarkConfig, report: Callable[[str], None] | None = None
       bar.set_postfix(dataset=dataset)
       group = [dict(r, dataset=dataset)
                for r in run_methods(target, [(m, None) for m in methods], rows, cfg, bar,
-                                    memo=memo, pad_to=pad_to)]
-      _finish(group)
+                                    profile=cfg.profile, memo=memo, pad_to=pad_to)]
+      if cfg.profile:
+        _finish(group)
+      else:
+        add_speedups(group)
       records += group
       if report is not None and distributed.is_main_process():
         with tqdm.external_write_mode():  # the bar steps aside

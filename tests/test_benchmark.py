@@ -74,6 +74,27 @@ def test_benchmark_runs_and_reports(tmp_path, monkeypatch):
   assert os.path.exists(tmp_path / "speedup.png")
 
 
+def test_benchmark_without_phase_timings(tmp_path, monkeypatch):
+  """`profile=false`: the same decoding runs (tau, tokens/s, speedup, outputs equal to AR's), but
+  no phase is timed, so no profiler program is compiled; the table has only the measured
+  columns and no footnote on phase timings."""
+  timed = []
+  monkeypatch.setattr(benchmark, "phase_timings", lambda *a, **k: timed.append(a) or {})
+  cfg = BenchmarkConfig(methods=(AR, "prompt_lookup"), datasets=("humaneval",), num_prompts=2,
+                        max_new_tokens=16, profile=False, out=str(tmp_path / "out"))
+  records = run(cfg)
+  assert not timed
+  assert [r["method"] for r in records] == [AR, "prompt_lookup"]
+  for r in records:
+    assert r["matches_autoregressive"] and r["tokens_per_second"] > 0 and r["speedup"] > 0
+    assert not any(key.startswith("t_") or key in ("ideal_speedup", "unreliable") for key in r)
+  table = (tmp_path / "out" / "results.md").read_text()
+  assert "| method | tau | tokens/s | speedup | target calls |\n" in table
+  assert "| prompt_lookup | " in table and "ms/round" not in table
+  assert benchmark.FOOTNOTE not in table
+  assert os.path.exists(tmp_path / "out" / "speedup.png")
+
+
 def test_compare_drafters_runs_equal_trees(capsys):
   """`experiments.compare_drafters`: one tree spec means the same tree for every family (a chain
   of d is EAGLE's depth-d top-1 tree and Medusa's path of zeros), a spec that does not fit a
