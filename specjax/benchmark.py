@@ -411,31 +411,31 @@ def dataset_table(records: list[dict[str, Any]], cfg: BenchmarkConfig) -> list[s
   `cfg.profile`, by `add_speedups`: no phase columns)."""
   lines = [f"### {records[0]['dataset']} (T={cfg.temperature}, {cfg.num_prompts} prompts x "
            f"{cfg.max_new_tokens} new tokens, batch 1)", ""]
-  measured = ["method", "tau", "tokens/s", "speedup", "target calls"]
+  header = ["method", "tau", "tokens/s", "speedup", "target calls"]
+
+  def measured(r: dict[str, Any]) -> list[Any]:
+    return [r["method"], f"{r['tau']:.2f}", f"{r['tokens_per_second']:.1f}",
+            f"{r['speedup']:.2f}x", r["target_calls"]]
   if not cfg.profile:
-    return lines + metrics.markdown_table(measured, [
-        [r["method"], f"{r['tau']:.2f}", f"{r['tokens_per_second']:.1f}", f"{r['speedup']:.2f}x",
-         r["target_calls"]] for r in records])
+    return lines + metrics.markdown_table(header, [measured(r) for r in records])
   lines += metrics.markdown_table(
-      measured + ["draft ms/round", "verify ms/round", "prefill ms", "drafting share",
-                  "ideal (decode)", "ideal (with prefill)", "loop efficiency", "unreliable"])
+      header + ["draft ms/round", "verify ms/round", "prefill ms", "drafting share",
+                "ideal (decode)", "ideal (with prefill)", "loop efficiency", "unreliable"])
   for r in records:
     bad = set(r["unreliable_figures"])
     own = {name: name in bad for name in PHASES}
     ar_bad = {name: f"autoregressive {name}" in bad for name in PHASES}
     decode = own["t_draft"] or own["t_verify"] or ar_bad["t_verify"]  # tau x t_AR / round
     e2e = decode or own["t_prefill"] or ar_bad["t_prefill"]
-    lines.append(
-        f"| {r['method']} | {r['tau']:.2f} | {r['tokens_per_second']:.1f} | "
-        f"{r['speedup']:.2f}x | {r['target_calls']} | "
-        f"{_cell(r['t_draft_ms'], '.2f', own['t_draft'], r['t_draft_spread_ms'])} | "
-        f"{_cell(r['t_verify_ms'], '.2f', own['t_verify'], r['t_verify_spread_ms'])} | "
-        f"{_cell(r['t_prefill_ms'], '.1f', own['t_prefill'], r['t_prefill_spread_ms'])} | "
-        f"{_cell(r['draft_share'], '.0%', decode)} | "
-        f"{_cell(r['ideal_speedup'], '.2f', decode, unit='x')} | "
-        f"{_cell(r['ideal_speedup_e2e'], '.2f', e2e, unit='x')} | "
-        f"{_cell(r['loop_efficiency'], '.0%', e2e or 'loop_efficiency' in bad)} | "
-        f"{', '.join(r['unreliable_figures']) or '-'} |")
+    lines.append(metrics.markdown_row(measured(r) + [
+        _cell(r["t_draft_ms"], ".2f", own["t_draft"], r["t_draft_spread_ms"]),
+        _cell(r["t_verify_ms"], ".2f", own["t_verify"], r["t_verify_spread_ms"]),
+        _cell(r["t_prefill_ms"], ".1f", own["t_prefill"], r["t_prefill_spread_ms"]),
+        _cell(r["draft_share"], ".0%", decode),
+        _cell(r["ideal_speedup"], ".2f", decode, unit="x"),
+        _cell(r["ideal_speedup_e2e"], ".2f", e2e, unit="x"),
+        _cell(r["loop_efficiency"], ".0%", e2e or "loop_efficiency" in bad),
+        ", ".join(r["unreliable_figures"]) or "-"]))
   return lines
 
 

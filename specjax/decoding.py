@@ -319,6 +319,8 @@ def release_compiled() -> None:
   "Unable to allocate section memory") long before it runs out of memory."""
   _COMPILED.clear()
   jax.clear_caches()
+
+
 # The cache's position in _generate_program's arguments: the program takes it over (donates it).
 _CACHE_ARG = 10
 
