@@ -38,6 +38,8 @@ def job(tmp_path_factory):
   cfg = load_config("configs/reproduce.py", [
       f"target={target_dir}", f"drafter.draft_lm={target_dir}", f"drafter.eagle={root / 'eagle'}",
       f"methods={','.join(METHODS)}",
+      # Chains of 4 (the default is 1): after the prefill, one round emits the other 5 tokens.
+      "drafter_options=draft_lm.num_tokens=4",
       "datasets=humaneval,stdlib_docstrings", "num_prompts=2", "max_prompt_tokens=24",
       "max_new_tokens=6", "profile_repeats=1", "timing_repeats=2",
       "theory_methods=prompt_lookup", "theory_lengths=3", "budget_methods=eagle",

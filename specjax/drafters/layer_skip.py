@@ -25,7 +25,7 @@ from specjax.sampling import draft_sample
 @struct.dataclass
 class LayerSkip(Stateless):
   num_layers: int = struct.field(pytree_node=False)  # m: layers the drafter runs
-  num_tokens: int = struct.field(pytree_node=False, default=4)  # chain length
+  num_tokens: int = struct.field(pytree_node=False, default=1)  # chain length
   hidden_layers: tuple[int, ...] = struct.field(pytree_node=False, default=())
   built_for: TargetFacts | None = struct.field(pytree_node=False, default=None)
 
@@ -63,7 +63,12 @@ def _usable(target) -> bool:
 
 @register("layer_skip", usable=_usable,
           description="the target's first layers + its LM head (self-speculation)")
-def build(target, *, num_layers: int | None = None, num_tokens: int = 3) -> LayerSkip:
+def build(target, *, num_layers: int | None = None, num_tokens: int = 1) -> LayerSkip:
+  """num_layers defaults to half the target's; num_tokens to 1, the fastest chain on the
+  embedded target on 2 CPU cores: on 8 held-out stdlib prompts x 128 tokens, its first 3 of 6
+  layers drafting 1, 2, 3 tokens ran at 0.87x, 0.66x, 0.52x autoregressive speed (tau 1.38,
+  1.44, 1.46; 1 or 2 layers were no faster). The first layers of a target trained without
+  early-exit losses agree with it too rarely for a longer chain to pay."""
   total = target.config.num_layers
   if total < 2:
     raise ValueError(f"layer_skip needs a target with at least 2 layers, this one has {total}")
