@@ -4,11 +4,12 @@ For each dataset and method: one warm-up generation (compiles; excluded), then t
 batch 1, the same max_new_tokens for every method, autoregressive decoding measured in the same
 run, the methods interleaved prompt by prompt (a drift in machine speed hits them alike).
 Reported per (method, dataset): tau (emitted tokens / target calls), tokens/s, speedup vs
-autoregressive, target calls, acceptance rate by depth, and per-phase timings (draft and verify
-rounds timed in compiled loops) giving the share of time spent drafting and the ideal speedup
-tau * t_AR_step / (t_draft + t_verify) that a perfect loop would reach in decoding, and the same
-bound end to end, with each method's prefill (prompt forward + drafter init) timed alone: what the
-measured speedup, which includes the prefill, is judged against (loop efficiency).
+autoregressive, target calls, acceptance rate by depth, and per-phase timings (a round of
+generate's own loop, and its verify phase timed in a compiled loop) giving the share of time
+spent drafting and the ideal speedup tau * t_AR_step / (t_draft + t_verify) that a loop without
+per-call costs would reach in decoding, and the same bound end to end, with each method's
+prefill (prompt forward + drafter init) timed alone: what the measured speedup, which includes
+the prefill, is judged against (loop efficiency).
 
 With `mesh` set (e.g. "dp=2,tp=4") the target is placed on that device mesh (`Target.on_mesh`)
 and every method's drafter with it (`drafters.build` lays it out by its partition rules);
@@ -170,6 +171,10 @@ def run_methods(target: Target, runs: Sequence[tuple[str, dict[str, Any] | None]
   many tokens: a run over several datasets passes the bucket of their longest prompt
   (`common_pad`), so each method runs one program, and times its phases once, for all of them.
   """
+  if profile and cfg.max_new_tokens < 2:  # before any compile
+    raise ValueError(f"phase timings need max_new_tokens >= 2 (a budget of one token runs no "
+                     f"round to time), got {cfg.max_new_tokens}: raise it, or --set "
+                     "profile=false")
   # One padded length for every prompt (one program per method), a bucket as generate's own:
   # runs over other prompts of a similar length then share the compiled programs.
   pad_to = max(pad_to or 0, common_pad(target, [prompts]))

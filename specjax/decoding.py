@@ -564,26 +564,30 @@ def profile_phases(target: Target, prompts, *, drafter: Drafter | None = None,
   """Seconds per round of the verify phase and of the draft phase, and of the prefill (the
   prompt's forward plus the drafter's `init`), each with its spread across trials.
 
-  Two compiled programs per method and shapes: `generate`'s own (which a benchmark has compiled
-  already; given a budget of one token it runs the prefill alone), and the loops
-  (`_loops_program`), which draft one tree from the prefilled state, then chain `n_verify` verify
-  phases of that tree and `n_round` whole rounds (draft, then verify) inside `lax.fori_loop`s, as
-  `generate`'s loop runs them, so per-call dispatch is not counted (t_verify of autoregressive
-  decoding is its in-loop step). Timing whole rounds, not draft phases alone, keeps a drafter
-  whose state a draft leaves unchanged from being hoisted out of the loop: t_draft is what a round
-  costs beyond a verify phase. t_verify and t_round are each the fastest of `trials` runs of
-  2 * repeats iterations less the fastest call of none, over 2 * repeats
-  (`specjax.timing.per_iteration`, the loops interleaved), which cancels the call's fixed cost;
-  t_prefill is the fastest of `trials` calls (a prefill is long enough to time one call at a time)
-  after as many untimed ones, each writing into a fresh cache it takes over, as generate's does.
+  A round and the prefill are timed with `generate`'s own compiled program, which a benchmark
+  has compiled already: given a budget of one token it runs the prefill alone, given
+  `max_new_tokens` it runs the prefill and then R rounds (`rounds` in the state it returns), so
+  t_round = (t_full - t_prefill) / R is what a round of `generate`'s loop costs, its loop
+  condition and bookkeeping included, with the call's fixed cost cancelled. Each call writes
+  into a fresh cache it takes over, as `generate`'s does; t_full and t_prefill are each the
+  fastest of `trials` calls after as many untimed ones (on a mesh the first few run up to 2x
+  slower). The verify phase alone runs in one more program (`_verify_loop_program`): one draft
+  from the prefilled state, then its verification chained `2 * repeats` times inside a
+  `lax.fori_loop`, timed by `specjax.timing.per_iteration` (the fastest of `trials` runs less
+  the fastest call of none), so per-call dispatch is not counted. t_draft = t_round - t_verify is
+  what a round costs beyond its verify phase. Autoregressive decoding (no drafter) needs no
+  second program: its round is its verify step, and its t_draft is 0 by definition.
+
   `<name>_spread` is the range (max - min) of the per-trial estimates. Nothing is clamped: a
   difference of noisy timings can come out negative, and a caller judging the figures needs to
   see that (`specjax.benchmark` marks such cells). The ideal speedup of a method is
-  tau * t_AR_step / (t_draft + t_verify); a loop is efficient when it gets close to it. Without a
-  drafter t_draft is 0 by definition, not measured.
+  tau * t_AR_step / (t_draft + t_verify); a run gets close to it when its prefill and its
+  per-call costs are small beside its rounds.
   """
   trials = checks.integer("trials", trials, lo=1)
   repeats = checks.integer("repeats", repeats, lo=1)
+  # One round at least: a budget of one token is the prefill alone.
+  max_new_tokens = checks.integer("max_new_tokens", max_new_tokens, lo=2)
   spec, args = _profiler_setup(target, prompts, drafter, max_new_tokens,
                                SamplingConfig(temperature, top_k, top_p), pad_to)
   with _mesh_context(spec.mesh):
@@ -598,36 +602,40 @@ def _profiler_setup(target: Target, prompts, drafter: Drafter | None, max_new_to
   return spec, args
 
 
-def _prefiller(spec: _Spec, args: tuple) -> tuple[Callable[[KVCache], DecodeState], DecodeState]:
-  """`prefill(cache)` runs the prefill of `args` into `cache` (taking it over, as `generate`
-  does) and returns its state; also returns that state on `args`' own cache, ready to decode.
-
-  No program of its own: `generate`'s, given a budget of one token (a traced argument), stops
-  after its prefill. The state to decode from gets `args`' budget back and its rows live again
-  (the profiler's prompts stop at no EOS, so only batch padding is done)."""
+def _budget_runs(spec: _Spec, args: tuple
+                 ) -> tuple[Callable[[KVCache, bool], DecodeState], DecodeState]:
+  """`run(cache, prefill_only)` runs `generate`'s compiled program on `args` into `cache`
+  (taking it over, as `generate` does): with `args`' budget, or with a budget of one token,
+  after which it stops, its prefill done. Also returns the prefill's state on `args`' own cache,
+  ready to decode: `args`' budget back and its rows live again (the profiler's prompts stop at
+  no EOS, so only batch padding is done)."""
   program, _ = _compiled(spec, *args)
-  params, drafter, prompts, prompt_lens, live, eos_ids, rng, sampling, max_new, cache = args
-  first_only = (params, drafter, prompts, prompt_lens, live, eos_ids, rng, sampling,
-                jnp.ones_like(max_new))
+  *head, max_new, cache = args
+  budgets = {False: max_new, True: jnp.ones_like(max_new)}
 
-  def prefill(cache: KVCache) -> DecodeState:
-    return program(*first_only, cache)
+  def run(cache: KVCache, prefill_only: bool) -> DecodeState:
+    return program(*head, budgets[prefill_only], cache)
 
-  return prefill, prefill(cache).replace(done=~live, max_new=max_new)
+  live = args[4]
+  return run, run(cache, True).replace(done=~live, max_new=max_new)
 
 
-# The profiler's loops, jitted once at module level (the spec is static; the loop counts are
-# traced), so profiling the same method, shapes and sampling mode again reuses them.
+# The profiler's verify loop, jitted once at module level (the spec is static; the loop count is
+# traced), so profiling the same method, shapes and sampling mode again reuses it.
 @functools.partial(jax.jit, static_argnums=0)
-def _loops_program(spec: _Spec, params, drafter, eos_ids, state: DecodeState, n_verify, n_round
-                   ) -> DecodeState:
-  """From a prefilled `state`: one draft, `n_verify` verify phases of that draft, then `n_round`
-  whole rounds."""
+def _verify_loop_program(spec: _Spec, params, drafter, eos_ids, state: DecodeState, n_verify
+                         ) -> DecodeState:
+  """From a prefilled `state`: one draft, then `n_verify` verify phases of that draft."""
   dparams = _drafter_params(spec, params)
-  tree, _, key = _draft_phase(spec, dparams, drafter, state)
-  state = jax.lax.fori_loop(
+  tree, state, key = _draft_phase(spec, dparams, drafter, state)
+  return jax.lax.fori_loop(
       0, n_verify,
       lambda i, s: _verify_phase(spec, params, dparams, drafter, eos_ids, tree, s, key), state)
+
+
+def _rounds(spec: _Spec, params, drafter, eos_ids, state: DecodeState, n_round) -> DecodeState:
+  """From a prefilled `state`: `n_round` whole rounds (draft, then verify) in a fori loop."""
+  dparams = _drafter_params(spec, params)
   return jax.lax.fori_loop(
       0, n_round, lambda i, s: _round(spec, params, dparams, drafter, eos_ids, s), state)
 
@@ -635,24 +643,24 @@ def _loops_program(spec: _Spec, params, drafter, eos_ids, state: DecodeState, n_
 def round_loop(target: Target, prompts, *, drafter: Drafter | None = None,
                max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
                top_p: float = 1.0, pad_to: int | None = None):
-  """`profile_phases`' loops program on a prefilled state, for tools that look inside it (e.g.
-  `specjax.profiling.kernel_times`): returns `(run, hlo)`, where `run(n)` runs n whole rounds
-  (draft, then verify) from the prefilled state and waits for them, and `hlo` is the compiled
-  program's optimized HLO text (whose instruction names are the kernels a profiler sees)."""
+  """Whole rounds of `generate`'s loop from a prefilled state, for tools that look inside them
+  (e.g. `specjax.profiling.kernel_times`): returns `(run, hlo)`, where `run(n)` runs n whole
+  rounds (draft, then verify) in a loop of their own and waits for them, and `hlo` is the
+  compiled program's optimized HLO text (whose instruction names are the kernels a profiler
+  sees)."""
   spec, args = _profiler_setup(target, prompts, drafter, max_new_tokens,
                                SamplingConfig(temperature, top_k, top_p), pad_to)
   params, drafter, eos = args[0], args[1], args[5]
   with _mesh_context(spec.mesh):
-    _, state = _prefiller(spec, args)
+    _, state = _budget_runs(spec, args)
     # The op metadata (named scopes) is the point here, and the compilation caches key
-    # programs without it: the profiler's own jitted program could come back from memory or
-    # disk as compiled from an older version of the code, with that version's metadata. A
-    # function of its own (traced and lowered afresh) with the metadata in the persistent
-    # cache's key cannot.
+    # programs without it: a program could come back from memory or disk as compiled from an
+    # older version of the code, with that version's metadata. A function of its own (traced
+    # and lowered afresh) with the metadata in the persistent cache's key cannot.
     def profiled_loops(*args):
-      return _loops_program.__wrapped__(spec, *args)
+      return _rounds(spec, *args)
 
-    lowered = jax.jit(profiled_loops).lower(params, drafter, eos, state, 0, 0)
+    lowered = jax.jit(profiled_loops).lower(params, drafter, eos, state, 0)
     key_option = "jax_compilation_cache_include_metadata_in_key"
     before = getattr(jax.config, key_option)
     jax.config.update(key_option, True)
@@ -663,41 +671,48 @@ def round_loop(target: Target, prompts, *, drafter: Drafter | None = None,
 
   def run(n: int) -> DecodeState:
     with _mesh_context(spec.mesh):
-      return jax.block_until_ready(compiled(params, drafter, eos, state, 0, n))
+      return jax.block_until_ready(compiled(params, drafter, eos, state, n))
 
   return run, compiled.as_text()
 
 
 def _profile(spec: _Spec, args: tuple, repeats: int, trials: int) -> dict[str, float]:
   params, drafter, eos = args[0], args[1], args[5]
-  prefill_into, state = _prefiller(spec, args)
-
-  def loops(n_verify: int, n_round: int):
-    return jax.block_until_ready(
-        _loops_program(spec, params, drafter, eos, state, n_verify, n_round))
-
-  runs = {"verify": lambda n: loops(n, 0)}
-  if drafter.num_nodes:
-    runs["round"] = lambda n: loops(0, n)
-  per_round = timing.per_iteration(runs, 2 * repeats, trials)
-
+  run, state = _budget_runs(spec, args)
   batch = args[2].shape[0]  # the prompts' rows
 
-  def timed_prefill() -> float:
+  def timed(prefill_only: bool) -> tuple[float, int]:
     cache = jax.block_until_ready(_init_cache(spec, batch))  # fresh: donated
-    return timing.wall(lambda: jax.block_until_ready(prefill_into(cache)))
+    start = time.perf_counter()
+    out = jax.block_until_ready(run(cache, prefill_only))
+    return time.perf_counter() - start, int(_to_host(out.rounds))
 
-  # The first `trials` calls warm up: on a mesh the first few run up to 2x slower.
-  prefill = np.asarray([timed_prefill() for _ in range(2 * trials)][trials:])
+  # The first `trials` calls of each warm up; then they interleave, so a drift in the machine's
+  # speed hits both alike.
+  for _ in range(trials):
+    timed(True)
+    timed(False)
+  prefill, full = [], []
+  for _ in range(trials):
+    prefill.append(timed(True)[0])
+    seconds, rounds = timed(False)
+    full.append(seconds)
+  prefill, full = np.asarray(prefill), np.asarray(full)
+  t_round = float(full.min() - prefill.min()) / rounds
+  round_trials = (full - prefill) / rounds
 
   def spread(per_trial: np.ndarray) -> float:
     return float(per_trial.max() - per_trial.min())
 
-  t_verify, verify_trials = per_round["verify"]
-  if "round" in per_round:
-    t_round, round_trials = per_round["round"]
+  if drafter.num_nodes:
+    def verify(n: int) -> DecodeState:
+      return jax.block_until_ready(_verify_loop_program(spec, params, drafter, eos, state, n))
+
+    t_verify, verify_trials = timing.per_iteration({"verify": verify}, 2 * repeats,
+                                                   trials)["verify"]
     t_draft, draft_spread = t_round - t_verify, spread(round_trials - verify_trials)
   else:
+    t_verify, verify_trials = t_round, round_trials
     t_draft, draft_spread = 0.0, 0.0
   return {
       "t_prefill": float(prefill.min()), "t_prefill_spread": spread(prefill),

@@ -95,6 +95,14 @@ def test_benchmark_without_phase_timings(tmp_path, monkeypatch):
   assert os.path.exists(tmp_path / "out" / "speedup.png")
 
 
+def test_phase_timings_need_a_round(tmp_path):
+  """A budget of one token runs the prefill alone: no round to time, said before compiling."""
+  cfg = BenchmarkConfig(methods=(AR,), datasets=("humaneval",), num_prompts=1, max_new_tokens=1,
+                        out=str(tmp_path / "out"))
+  with pytest.raises(ValueError, match=r"phase timings need max_new_tokens >= 2 .* got 1"):
+    run(cfg)
+
+
 def test_compare_drafters_runs_equal_trees(capsys):
   """`experiments.compare_drafters`: one tree spec means the same tree for every family (a chain
   of d is EAGLE's depth-d top-1 tree and Medusa's path of zeros), a spec that does not fit a

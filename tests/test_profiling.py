@@ -42,7 +42,7 @@ def test_bad_sizes(target):
 
 
 def test_scope_of_a_name_stack():
-  assert scope_of("jit(_loops_program)/while/body/verify/attention/dot_general") == (
+  assert scope_of("jit(_verify_loop_program)/while/body/verify/attention/dot_general") == (
       "verify/attention")
   assert scope_of("jit(f)/while/body/draft/attention/mlp/mul") == "draft/mlp"  # innermost part
   assert scope_of("jit(f)/while/body/verify/add") == "verify/other"
@@ -114,9 +114,10 @@ def test_bench_roofline_kernel_table(target, capsys):
   assert "| verify/attention |" in out and "| total |" in out
 
 
-def test_profiled_prefill_is_generates_program_given_one_token(target):
+def test_profiled_prefill_and_rounds_are_generates_program(target):
   """`profile_phases` times the prefill with `generate`'s own compiled program given a budget of
-  one token, which stops after its prefill: no program of its own. It takes over (donates) the
+  one token, which stops after its prefill, and its rounds with the same program given the
+  run's budget: no program of its own. It takes over (donates) the
   cache it is given and writes the prompt into it, where one that kept its input would copy the
   whole cache into a new buffer first, a cost `generate` does not pay; and the state it leaves to
   decode from is the prefill's, with the run's own budget."""
@@ -127,13 +128,34 @@ def test_profiled_prefill_is_generates_program_given_one_token(target):
       fresh = decoding._init_cache(spec, args[2].shape[0])
       expected = jax.jit(decoding._prefill, static_argnums=0)(spec, *args[:-1], fresh)
     given = jax.tree.leaves(args[-1])
-    prefill, state = decoding._prefiller(spec, args)
+    run, state = decoding._budget_runs(spec, args)
     assert all(x.is_deleted() for x in given)
     assert not any(x.is_deleted() for x in jax.tree.leaves(state.cache))
     assert int(state.max_new) == 16 and not state.done[0]  # rows past the first: batch padding
     assert _values(state) == _values(expected)
-    again = prefill(decoding._init_cache(spec, args[2].shape[0]))
+    again = run(decoding._init_cache(spec, args[2].shape[0]), True)
     assert _values(again.cache) == _values(expected.cache)
+    # The whole budget: generate's own run, whose rounds are its target calls after the prefill.
+    full = run(decoding._init_cache(spec, args[2].shape[0]), False)
+    ran = decoding.generate(on, [list(range(1, 21))], max_new_tokens=16, eos_token_id=[])
+    assert np.asarray(full.history)[0, 20:36].tolist() == ran.tokens[0]
+    assert int(full.rounds) == ran.stats.target_calls - 1 == 15
+
+
+@pytest.mark.parametrize("method", ["autoregressive", "prompt_lookup"])
+def test_profile_phases_figures(target, method):
+  """Every phase is timed (positive on this machine, spreads not negative); without a drafter
+  the draft phase is 0 by definition, and a budget of one token has no round to time."""
+  drafter = None if method == "autoregressive" else drafters.build(method, target)
+  out = profile_phases(target, [list(range(1, 21))], drafter=drafter, max_new_tokens=16,
+                       repeats=2, trials=2)
+  assert set(out) == {f"t_{p}{s}" for p in ("prefill", "draft", "verify") for s in ("", "_spread")}
+  assert out["t_prefill"] > 0 and out["t_verify"] > 0
+  assert all(out[k] >= 0 for k in out if k.endswith("_spread"))
+  if drafter is None:
+    assert out["t_draft"] == 0.0 and out["t_draft_spread"] == 0.0
+  with pytest.raises(ValueError, match="max_new_tokens must be >= 2, got 1"):
+    profile_phases(target, [[1, 2, 3]], drafter=drafter, max_new_tokens=1)
 
 
 def _values(tree) -> list[list]:
