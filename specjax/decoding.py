@@ -23,6 +23,7 @@ start finished), KV heads over `model`; the cache is allocated on its sharding a
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -573,10 +574,11 @@ def profile_phases(target: Target, prompts, *, drafter: Drafter | None = None,
   fastest of `trials` calls after as many untimed ones (on a mesh the first few run up to 2x
   slower). The verify phase alone runs in one more program (`_verify_loop_program`): one draft
   from the prefilled state, then its verification chained `2 * repeats` times inside a
-  `lax.fori_loop`, timed by `specjax.timing.per_iteration` (the fastest of `trials` runs less
-  the fastest call of none), so per-call dispatch is not counted. t_draft = t_round - t_verify is
-  what a round costs beyond its verify phase. Autoregressive decoding (no drafter) needs no
-  second program: its round is its verify step, and its t_draft is 0 by definition.
+  `lax.fori_loop`, timed as the fastest of `trials` runs less the fastest call of none, so
+  per-call dispatch is not counted. Every trial runs all four calls one after the other, so a
+  drift in the machine's speed hits them alike. t_draft = t_round - t_verify is what a round
+  costs beyond its verify phase. Autoregressive decoding (no drafter) needs no second program:
+  its round is its verify step, and its t_draft is 0 by definition.
 
   `<name>_spread` is the range (max - min) of the per-trial estimates. Nothing is clamped: a
   difference of noisy timings can come out negative, and a caller judging the figures needs to
@@ -680,24 +682,35 @@ def _profile(spec: _Spec, args: tuple, repeats: int, trials: int) -> dict[str, f
   params, drafter, eos = args[0], args[1], args[5]
   run, state = _budget_runs(spec, args)
   batch = args[2].shape[0]  # the prompts' rows
+  n = 2 * repeats
 
-  def timed(prefill_only: bool) -> tuple[float, int]:
+  def call(prefill_only: bool) -> tuple[float, int]:
     cache = jax.block_until_ready(_init_cache(spec, batch))  # fresh: donated
     start = time.perf_counter()
     out = jax.block_until_ready(run(cache, prefill_only))
     return time.perf_counter() - start, int(_to_host(out.rounds))
 
-  # The first `trials` calls of each warm up; then they interleave, so a drift in the machine's
-  # speed hits both alike.
+  def verify(k: int) -> DecodeState:
+    return jax.block_until_ready(_verify_loop_program(spec, params, drafter, eos, state, k))
+
+  if drafter.num_nodes:
+    verify(1)  # compiles the loop and runs its body once: its first run is slow
+  # The first `trials` calls of each warm up (on a mesh the first few run up to 2x slower); then
+  # every timing of a trial runs beside the others, so a drift in the machine's speed hits them
+  # alike (t_draft is a difference of two of them).
   for _ in range(trials):
-    timed(True)
-    timed(False)
-  prefill, full = [], []
+    call(True)
+    call(False)
+  times = collections.defaultdict(list)
   for _ in range(trials):
-    prefill.append(timed(True)[0])
-    seconds, rounds = timed(False)
-    full.append(seconds)
-  prefill, full = np.asarray(prefill), np.asarray(full)
+    times["prefill"].append(call(True)[0])
+    seconds, rounds = call(False)
+    times["full"].append(seconds)
+    if drafter.num_nodes:
+      times["none"].append(timing.wall(functools.partial(verify, 0)))
+      times["verify"].append(timing.wall(functools.partial(verify, n)))
+  times = {name: np.asarray(t) for name, t in times.items()}
+  prefill, full = times["prefill"], times["full"]
   t_round = float(full.min() - prefill.min()) / rounds
   round_trials = (full - prefill) / rounds
 
@@ -705,11 +718,8 @@ def _profile(spec: _Spec, args: tuple, repeats: int, trials: int) -> dict[str, f
     return float(per_trial.max() - per_trial.min())
 
   if drafter.num_nodes:
-    def verify(n: int) -> DecodeState:
-      return jax.block_until_ready(_verify_loop_program(spec, params, drafter, eos, state, n))
-
-    t_verify, verify_trials = timing.per_iteration({"verify": verify}, 2 * repeats,
-                                                   trials)["verify"]
+    t_verify = float(times["verify"].min() - times["none"].min()) / n
+    verify_trials = (times["verify"] - times["none"]) / n
     t_draft, draft_spread = t_round - t_verify, spread(round_trials - verify_trials)
   else:
     t_verify, verify_trials = t_round, round_trials
