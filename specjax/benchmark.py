@@ -421,6 +421,7 @@ def dataset_table(records: list[dict[str, Any]], cfg: BenchmarkConfig) -> list[s
   def measured(r: dict[str, Any]) -> list[Any]:
     return [r["method"], f"{r['tau']:.2f}", f"{r['tokens_per_second']:.1f}",
             f"{r['speedup']:.2f}x", r["target_calls"]]
+
   if not cfg.profile:
     return lines + metrics.markdown_table(header, [measured(r) for r in records])
   lines += metrics.markdown_table(

@@ -116,11 +116,11 @@ def test_bench_roofline_kernel_table(target, capsys):
 
 def test_profiled_prefill_and_rounds_are_generates_program(target):
   """`profile_phases` times the prefill with `generate`'s own compiled program given a budget of
-  one token, which stops after its prefill, and its rounds with the same program given the
-  run's budget: no program of its own. It takes over (donates) the
-  cache it is given and writes the prompt into it, where one that kept its input would copy the
-  whole cache into a new buffer first, a cost `generate` does not pay; and the state it leaves to
-  decode from is the prefill's, with the run's own budget."""
+  one token, which stops after its prefill, and its rounds with the same program given the run's
+  budget: no program of its own. It takes over (donates) the cache it is given and writes the
+  prompt into it, where one that kept its input would copy the whole cache into a new buffer
+  first, a cost `generate` does not pay; and the state it leaves to decode from is the prefill's,
+  with the run's own budget."""
   for on in (target, target.on_mesh("dp=4,tp=2")):
     spec, args = decoding._profiler_setup(on, [list(range(1, 21))], None, 16,
                                           SamplingConfig(), None)
