@@ -15,7 +15,11 @@ import orbax.checkpoint as ocp
 
 
 class Checkpointer:
-  """Periodic saves of `{"params", "opt_state", "step", ...}` under `directory`; resumes latest."""
+  """Periodic saves of `{"params", "opt_state", "step", ...}` under `directory`; resumes latest.
+
+  Orbax runs saves on background threads: `close` (or leaving a `with Checkpointer(...)` block,
+  on errors too) waits for them and stops the threads.
+  """
 
   def __init__(self, directory: str | os.PathLike, *, max_to_keep: int = 3):
     self.directory = os.path.abspath(os.fspath(directory))
@@ -53,6 +57,12 @@ class Checkpointer:
   def close(self) -> None:
     self._manager.wait_until_finished()
     self._manager.close()
+
+  def __enter__(self) -> Checkpointer:
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    self.close()
 
 
 def _abstract(leaf: Any) -> Any:

@@ -276,14 +276,11 @@ def test_resume_on_the_same_mesh_is_bitwise_identical(runs, tmp_path):
 def test_checkpoint_restores_onto_other_meshes(runs):
   """The state saved on 8 devices (dp=4,tp=2) restores on one device and on a 4-device mesh
   with identical values, every leaf laid out as the state it was restored into."""
-  ckpt = Checkpointer(runs["workdir"])
-  try:
+  with Checkpointer(runs["workdir"]) as ckpt:
     on8 = ckpt.restore(_state_like(_mesh("dp=4,tp=2")))
     on1 = ckpt.restore(_state_like())
     mesh4 = _mesh("dp=2,tp=2", 4)
     on4 = ckpt.restore(_state_like(mesh4))
-  finally:
-    ckpt.close()
   assert int(on1["step"]) == int(on4["step"]) == 2
   _assert_tree_equal(on1, on8)
   _assert_tree_equal(on4, on8)

@@ -122,8 +122,9 @@ def test_corrupt_checkpoint_is_a_clear_error(source_dir, tokenizer_path, tmp_pat
 
 def test_missing_checkpoint_folder_is_a_clear_error(tmp_path):
   from specjax.train.checkpoint import Checkpointer
-  with pytest.raises(ValueError, match="no checkpoint to restore"):
-    Checkpointer(tmp_path / "empty").restore({"x": np.zeros(2)})
+  with Checkpointer(tmp_path / "empty") as ckpt, pytest.raises(ValueError,
+                                                             match="no checkpoint to restore"):
+    ckpt.restore({"x": np.zeros(2)})
 
 
 def test_unwritable_data_dir_is_a_clear_error(source_dir, tmp_path):
