@@ -709,17 +709,14 @@ def _profile(spec: _Spec, args: tuple, repeats: int, trials: int) -> dict[str, f
     if drafter.num_nodes:
       times["none"].append(timing.wall(functools.partial(verify, 0)))
       times["verify"].append(timing.wall(functools.partial(verify, n)))
-  times = {name: np.asarray(t) for name, t in times.items()}
-  prefill, full = times["prefill"], times["full"]
-  t_round = float(full.min() - prefill.min()) / rounds
-  round_trials = (full - prefill) / rounds
+  prefill = np.asarray(times["prefill"])
+  t_round, round_trials = timing.per_unit(times["full"], prefill, rounds)
 
   def spread(per_trial: np.ndarray) -> float:
     return float(per_trial.max() - per_trial.min())
 
   if drafter.num_nodes:
-    t_verify = float(times["verify"].min() - times["none"].min()) / n
-    verify_trials = (times["verify"] - times["none"]) / n
+    t_verify, verify_trials = timing.per_unit(times["verify"], times["none"], n)
     t_draft, draft_spread = t_round - t_verify, spread(round_trials - verify_trials)
   else:
     t_verify, verify_trials = t_round, round_trials

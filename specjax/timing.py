@@ -27,6 +27,15 @@ def wall(call: Callable[[], Any]) -> float:
   return time.perf_counter() - start
 
 
+def per_unit(long: np.ndarray, base: np.ndarray, units: int) -> tuple[float, np.ndarray]:
+  """Seconds per unit of the work that `long` calls run beyond `base` calls (per-trial wall
+  times, one of each per trial), `units` units of it: the fastest long call less the fastest
+  base call, over `units`, and the per-trial estimates (long - base) / units, whose range is the
+  figure's spread. Nothing is clamped (see `per_iteration`)."""
+  long, base = np.asarray(long), np.asarray(base)
+  return float(long.min() - base.min()) / units, (long - base) / units
+
+
 def per_iteration(runs: Mapping[str, Callable[[int], Any]], n: int, trials: int
                   ) -> dict[str, tuple[float, np.ndarray]]:
   """For each named `run` (`run(k)` runs k iterations of one compiled loop and waits for them):
@@ -48,8 +57,4 @@ def per_iteration(runs: Mapping[str, Callable[[int], Any]], n: int, trials: int
     for name, run in runs.items():
       zero[name].append(wall(functools.partial(run, 0)))
       long[name].append(wall(functools.partial(run, n)))
-  out = {}
-  for name in runs:
-    z, t = np.asarray(zero[name]), np.asarray(long[name])
-    out[name] = (float(t.min() - z.min()) / n, (t - z) / n)
-  return out
+  return {name: per_unit(long[name], zero[name], n) for name in runs}
