@@ -46,6 +46,7 @@ from specjax.drafters.base import (
     RoundResult,
     TargetView,
     check_drafter,
+    verify_sizes_of,
 )
 from specjax.models import decoder
 from specjax.models.cache import KVCache
@@ -73,6 +74,7 @@ class DecodeState:
   calls: jax.Array  # int32[B]      target forward passes that served this row
   rounds: jax.Array  # int32[]      loop iterations (target forward passes after prefill)
   accepted_hist: jax.Array  # int32[N+1]  rounds (of live rows) that accepted k draft nodes
+  size_hist: jax.Array  # int32[Z]  rounds verified at each of the drafter's Z verify sizes
   rng: jax.Array
   drafter_state: Any
   finite: jax.Array  # bool[B]  the target's prefill logits were finite (False: NaN/inf weights)
@@ -102,6 +104,9 @@ class Stats:
   # Target forward passes each row took part in while it was still generating: a batch's rows
   # accept raggedly, so a row that finished early took fewer (batch 1: (target_calls,)).
   row_calls: tuple[int, ...] = ()
+  # Rounds by the number of draft nodes verified, for a drafter that declares verify sizes
+  # (`specjax.drafters.base.verify_sizes_of`): {n: rounds}; other drafters verify N every round.
+  rounds_by_size: dict[int, int] = dataclasses.field(default_factory=dict)
 
   @property
   def acceptance_by_depth(self) -> tuple[float, ...]:
@@ -191,6 +196,7 @@ def _state_shardings(spec: _Spec) -> DecodeState:
   rows, rep = sharding.batch_sharding(spec.mesh), sharding.replicated(spec.mesh)
   return DecodeState(cache=_cache_layout(spec.config, spec.mesh), history=rows, hist_len=rows,
                      prompt_len=rows, done=rows, calls=rows, rounds=rep, accepted_hist=rep,
+                     size_hist=rep,
                      rng=rep, drafter_state=None, finite=rows, sampling=None, max_new=rep)
 
 
@@ -234,7 +240,8 @@ def _prefill(spec: _Spec, params, drafter, prompts, prompt_lens, live, eos_ids, 
       cache=cache, history=history, hist_len=prompt_lens + 1, prompt_len=prompt_lens,
       done=_is_eos(first, eos_ids) | (max_new <= 1) | ~live,
       calls=jnp.ones((b,), jnp.int32), rounds=jnp.zeros((), jnp.int32),
-      accepted_hist=jnp.zeros((drafter.num_nodes + 1,), jnp.int32), rng=rng,
+      accepted_hist=jnp.zeros((drafter.num_nodes + 1,), jnp.int32),
+      size_hist=jnp.zeros((len(verify_sizes_of(drafter)),), jnp.int32), rng=rng,
       drafter_state=drafter_state, finite=jnp.all(jnp.isfinite(last), axis=-1) | ~live,
       sampling=sampling, max_new=max_new))
 
@@ -249,8 +256,40 @@ def _draft_phase(spec: _Spec, dparams, drafter, s: DecodeState):
   return tree, s.replace(cache=cache, drafter_state=drafter_state, rng=rng), accept_key
 
 
+def _size_index(sizes: tuple[int, ...], tree: trees.Tree, live: jax.Array) -> jax.Array:
+  """int32[]: the index of the smallest of `sizes` that holds every live row's last valid node
+  (the last size, N, holds them all)."""
+  if len(sizes) == 1:
+    return jnp.zeros((), jnp.int32)
+  node = jnp.arange(1, tree.num_nodes + 1, dtype=jnp.int32)
+  need = jnp.max(jnp.where(tree.valid & live[:, None], node, 0))
+  return jnp.sum(need > jnp.asarray(sizes[:-1], jnp.int32)).astype(jnp.int32)
+
+
 @jax.named_scope("verify")
 def _verify_phase(spec: _Spec, params, dparams, drafter, eos_ids, tree, s: DecodeState,
+                  accept_key, size: jax.Array | None = None) -> DecodeState:
+  """Verify the tree in one target call, at the smallest of the drafter's verify sizes that
+  holds its valid nodes (`size`: an index into those sizes instead, the profiler's choice).
+
+  More than one size: one `lax.cond` per size, in a row, whose other branch passes the state
+  through; a round runs one verification. (A `lax.switch` over the sizes, or any conditional
+  with more than one branch writing the cache, makes XLA copy the whole cache in every round.)
+  """
+  sizes = verify_sizes_of(drafter)
+  if size is None:
+    size = _size_index(sizes, tree, ~s.done)
+  s = s.replace(size_hist=s.size_hist.at[size].add(1))
+  if len(sizes) == 1:
+    return _verify_nodes(spec, params, dparams, drafter, eos_ids, tree, s, accept_key=accept_key)
+  for i, n in enumerate(sizes):
+    s = jax.lax.cond(size == i, functools.partial(
+        _verify_nodes, spec, params, dparams, drafter, eos_ids, tree.head(n),
+        accept_key=accept_key), lambda state: state, s)
+  return s
+
+
+def _verify_nodes(spec: _Spec, params, dparams, drafter, eos_ids, tree, s: DecodeState, *,
                   accept_key) -> DecodeState:
   """Verify [pending | tree] in one target call, accept, commit, append, update the drafter."""
   cfg = spec.config
@@ -553,6 +592,7 @@ def generate(target: Target, prompts: Sequence[str | Sequence[int]], *, max_new_
       compile_seconds=compile_seconds,
       compiled=compile_seconds > 0,
       row_calls=tuple(int(c) for c in calls),
+      rounds_by_size=_rounds_by_size(drafter, state),
   )
   text = [target.decode(t) for t in tokens] if target.tokenizer is not None else None
   return GenerateResult(tokens, stats, text, state.drafter_state)
@@ -625,14 +665,16 @@ def _budget_runs(spec: _Spec, args: tuple
 # The profiler's verify loop, jitted once at module level (the spec is static; the loop count is
 # traced), so profiling the same method, shapes and sampling mode again reuses it.
 @functools.partial(jax.jit, static_argnums=0)
-def _verify_loop_program(spec: _Spec, params, drafter, eos_ids, state: DecodeState, n_verify
-                         ) -> DecodeState:
-  """From a prefilled `state`: one draft, then `n_verify` verify phases of that draft."""
+def _verify_loop_program(spec: _Spec, params, drafter, eos_ids, state: DecodeState, n_verify,
+                         size) -> DecodeState:
+  """From a prefilled `state`: one draft, then `n_verify` verify phases of that draft, each at
+  the drafter's verify size of index `size` (traced: one program for all of them)."""
   dparams = _drafter_params(spec, params)
   tree, state, key = _draft_phase(spec, dparams, drafter, state)
   return jax.lax.fori_loop(
       0, n_verify,
-      lambda i, s: _verify_phase(spec, params, dparams, drafter, eos_ids, tree, s, key), state)
+      lambda i, s: _verify_phase(spec, params, dparams, drafter, eos_ids, tree, s, key, size),
+      state)
 
 
 def _rounds(spec: _Spec, params, drafter, eos_ids, state: DecodeState, n_round) -> DecodeState:
@@ -684,17 +726,24 @@ def _profile(spec: _Spec, args: tuple, repeats: int, trials: int) -> dict[str, f
   batch = args[2].shape[0]  # the prompts' rows
   n = 2 * repeats
 
-  def call(prefill_only: bool) -> tuple[float, int]:
+  def call(prefill_only: bool) -> tuple[float, DecodeState]:
     cache = jax.block_until_ready(_init_cache(spec, batch))  # fresh: donated
     start = time.perf_counter()
     out = jax.block_until_ready(run(cache, prefill_only))
-    return time.perf_counter() - start, int(_to_host(out.rounds))
+    return time.perf_counter() - start, out
 
-  def verify(k: int) -> DecodeState:
-    return jax.block_until_ready(_verify_loop_program(spec, params, drafter, eos, state, k))
+  def verify(k: int, size: int = 0) -> DecodeState:
+    return jax.block_until_ready(_verify_loop_program(spec, params, drafter, eos, state, k,
+                                                      np.int32(size)))
 
+  # A drafter with several verify sizes: each size the run used is timed, and the verify phase
+  # is their mean weighted by the run's rounds at each.
+  _, out = call(False)
+  rounds, by_size = int(_to_host(out.rounds)), _to_host(out.size_hist)
+  used = [i for i, k in enumerate(by_size) if k > 0]
   if drafter.num_nodes:
-    verify(1)  # compiles the loop and runs its body once: its first run is slow
+    for i in used:  # compiles the loop and runs each size's verification once: a first is slow
+      verify(1, i)
   # The first `trials` calls of each warm up (on a mesh the first few run up to 2x slower); then
   # every timing of a trial runs beside the others, so a drift in the machine's speed hits them
   # alike (t_draft is a difference of two of them).
@@ -704,11 +753,11 @@ def _profile(spec: _Spec, args: tuple, repeats: int, trials: int) -> dict[str, f
   times = collections.defaultdict(list)
   for _ in range(trials):
     times["prefill"].append(call(True)[0])
-    seconds, rounds = call(False)
-    times["full"].append(seconds)
+    times["full"].append(call(False)[0])
     if drafter.num_nodes:
       times["none"].append(timing.wall(functools.partial(verify, 0)))
-      times["verify"].append(timing.wall(functools.partial(verify, n)))
+      for i in used:
+        times[i].append(timing.wall(functools.partial(verify, n, i)))
   prefill = np.asarray(times["prefill"])
   t_round, round_trials = timing.per_unit(times["full"], prefill, rounds)
 
@@ -716,7 +765,10 @@ def _profile(spec: _Spec, args: tuple, repeats: int, trials: int) -> dict[str, f
     return float(per_trial.max() - per_trial.min())
 
   if drafter.num_nodes:
-    t_verify, verify_trials = timing.per_unit(times["verify"], times["none"], n)
+    weights = by_size[used] / by_size[used].sum()
+    per_size = [timing.per_unit(times[i], times["none"], n) for i in used]
+    t_verify = float(sum(w * t for w, (t, _) in zip(weights, per_size)))
+    verify_trials = sum(w * trials_i for w, (_, trials_i) in zip(weights, per_size))
     t_draft, draft_spread = t_round - t_verify, spread(round_trials - verify_trials)
   else:
     t_verify, verify_trials = t_round, round_trials
@@ -726,6 +778,14 @@ def _profile(spec: _Spec, args: tuple, repeats: int, trials: int) -> dict[str, f
       "t_draft": float(t_draft), "t_draft_spread": draft_spread,
       "t_verify": float(t_verify), "t_verify_spread": spread(verify_trials),
   }
+
+
+def _rounds_by_size(drafter: Drafter, state: DecodeState) -> dict[int, int]:
+  """{n: rounds verified at n nodes} for a drafter with more than one verify size, else {}."""
+  sizes = verify_sizes_of(drafter)
+  if len(sizes) == 1:
+    return {}
+  return {n: int(k) for n, k in zip(sizes, _to_host(state.size_hist))}
 
 
 def _collect(state: DecodeState, eos_ids: np.ndarray, max_new_tokens: int) -> list[list[int]]:

@@ -54,6 +54,14 @@ class Tree:
   def vocab_size(self) -> int | None:
     return None if self.q is None else self.q.shape[-1]
 
+  def head(self, n: int) -> Tree:
+    """The tree of its first `n` nodes (static n <= N). Parents precede their children, so this
+    is a tree again, and verifying it is verifying the whole tree when nodes `>= n` are invalid
+    in every row (they are never tried, accepted nor attended)."""
+    q = None if self.q is None else self.q[:, :n]
+    return Tree(tokens=self.tokens[:, :n], parent=self.parent[:, :n], depth=self.depth[:, :n],
+                valid=self.valid[:, :n], q=q, chain=self.chain)
+
   @classmethod
   def empty(cls, batch: int) -> Tree:
     """The tree with no nodes: verification then samples one token from the target."""

@@ -20,10 +20,18 @@ Static attributes every drafter defines:
   hidden_layers: target hidden-state indices the drafter reads in `update` (0 = embeddings,
                  i = output of layer i, L = final normed state).
 
-Optional (a drafter without it still runs): `built_for`, the `TargetFacts` of the target it was
-built for; `generate` refuses another target. Every shipped drafter records it at build time: a
-drafter sized for one target would otherwise run on another and fail deep inside the trace (or
-not at all, proposing ids of another vocabulary).
+Optional (a drafter without them still runs):
+  built_for:     the `TargetFacts` of the target it was built for; `generate` refuses another
+                 target. Every shipped drafter records it at build time: a drafter sized for one
+                 target would otherwise run on another and fail deep inside the trace (or not at
+                 all, proposing ids of another vocabulary).
+  verify_sizes:  node counts below N at which a round's tree may also be verified. Each round the
+                 loop verifies the tree's first n nodes, n the smallest of these sizes and N that
+                 holds every live row's last valid node (`verify_sizes_of`): a drafter that
+                 proposes fewer nodes when it is unsure (an adaptive draft length) then pays for
+                 a smaller target call. Nodes past n are invalid in every row, so the output is the
+                 same as verifying all N. `update` sees the tree, logits and hidden states of the
+                 n verified nodes.
 """
 
 from __future__ import annotations
@@ -140,10 +148,23 @@ def check_drafter(drafter: Any, config: ModelConfig) -> None:
   if built_for is not None:
     built_for.check(config)
   checks.integer("drafter.num_nodes", drafter.num_nodes, lo=0)
+  verify_sizes_of(drafter)
   for i in drafter.hidden_layers:
     if not checks.is_int(i) or not 0 <= i <= config.num_layers:
       raise ValueError(f"drafter.hidden_layers holds {i!r}: hidden-state indices of this target "
                        f"are ints in [0, {config.num_layers}]")
+
+
+def verify_sizes_of(drafter: Any) -> tuple[int, ...]:
+  """The node counts a round of `drafter` may be verified at, ascending: its optional
+  `verify_sizes` and N. ValueError for a size that is not an int in [0, N]."""
+  n = drafter.num_nodes
+  sizes = getattr(drafter, "verify_sizes", ())
+  for size in sizes:
+    if not checks.is_int(size) or not 0 <= size <= n:
+      raise ValueError(f"drafter.verify_sizes holds {size!r}: sizes are ints in [0, {n}] (the "
+                       "drafter's num_nodes)")
+  return tuple(sorted({int(size) for size in sizes} | {n}))
 
 
 class Stateless:
