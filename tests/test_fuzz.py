@@ -65,6 +65,12 @@ def drafter_for(draw, family: str):
     return drafters.build(family, t, num_tokens=draw(st.integers(1, 6)),
                           num_branches=draw(st.integers(1, 3)), max_ngram=hi,
                           min_ngram=draw(st.integers(1, hi)))
+  if family == "ngram":
+    n, hi = draw(st.integers(1, 8)), draw(st.integers(1, 4))
+    scale = draw(st.sampled_from([None, 0.5, 1.0, 3.0]))
+    return drafters.build(family, t, num_tokens=n, max_ngram=hi,
+                          min_ngram=draw(st.integers(1, hi)), match_scale=scale,
+                          verify_sizes=draw(st.lists(st.integers(0, n), max_size=3)))
   if family == "token_recycling":
     return drafters.build(family, t, paths=draw(rank_paths(10, 5)))
   if family == "layer_skip":
@@ -108,7 +114,7 @@ def test_every_registered_family_is_fuzzed():
   assert set(FAMILIES) == set(drafters.names())
 
 
-FAMILIES = ["dflash", "draft_lm", "eagle", "eagle3", "hydra", "layer_skip", "medusa",
+FAMILIES = ["dflash", "draft_lm", "eagle", "eagle3", "hydra", "layer_skip", "medusa", "ngram",
             "prompt_lookup", "token_recycling"]
 
 

@@ -142,7 +142,7 @@ def test_profiled_prefill_and_rounds_are_generates_program(target):
     assert int(full.rounds) == ran.stats.target_calls - 1 == 15
 
 
-@pytest.mark.parametrize("method", ["autoregressive", "prompt_lookup"])
+@pytest.mark.parametrize("method", ["autoregressive", "prompt_lookup", "ngram"])
 def test_profile_phases_figures(target, method):
   """Every phase is timed (positive on this machine, spreads not negative); without a drafter
   the draft phase is 0 by definition, and a budget of one token has no round to time."""
@@ -161,3 +161,26 @@ def test_profile_phases_figures(target, method):
 def _values(tree) -> list[list]:
   return [np.asarray(jax.random.key_data(x) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
                      else x).tolist() for x in jax.tree.leaves(tree)]
+
+
+def test_profile_phases_weighs_the_verify_sizes_a_run_used(target, monkeypatch):
+  """A drafter with several verify sizes: the verify phase is timed at each size its run used,
+  and at no other (the verify loop is given each size's index), then weighted by the run's
+  rounds at each size; the sizes used are those `generate` reports for the same prompt."""
+  drafter = drafters.build("ngram", target, num_tokens=6, verify_sizes=(0, 2, 4))
+  prompt = [5, 6, 7, 8] * 5
+  ran = decoding.generate(target, [prompt], max_new_tokens=16, drafter=drafter, eos_token_id=[])
+  used = [i for i, k in enumerate(ran.stats.rounds_by_size.values()) if k]
+  assert len(used) >= 2  # a repetitive prompt, then the target's own text: several lengths
+  timed = []
+  loop = decoding._verify_loop_program
+
+  def spy(spec, params, drafter, eos, state, n_verify, size):
+    if n_verify:  # a loop of no verification is the baseline, whatever its size
+      timed.append(int(size))
+    return loop(spec, params, drafter, eos, state, n_verify, size)
+
+  monkeypatch.setattr(decoding, "_verify_loop_program", spy)
+  out = profile_phases(target, [prompt], drafter=drafter, max_new_tokens=16, repeats=2, trials=2)
+  assert set(timed) == set(used)
+  assert out["t_verify"] > 0

@@ -274,6 +274,7 @@ def test_decode_program_gathers_no_weight_and_no_cache(embedded_runs, name, draf
 _TINY_DRAFTERS = {
     "autoregressive": lambda t: None,
     "prompt_lookup": lambda t: drafters.build("prompt_lookup", t, num_branches=2),
+    "ngram": lambda t: drafters.build("ngram", t, num_tokens=5, verify_sizes=(0, 2)),
     "token_recycling": lambda t: drafters.build("token_recycling", t),
     "layer_skip": lambda t: drafters.build("layer_skip", t, num_layers=1),
     "draft_lm": lambda t: draft_lm.build(t, draft=tt.draft_target(), num_tokens=3),

@@ -78,6 +78,13 @@ _GREEDY_DRAFTERS = {
                             lambda t: drafters.build("prompt_lookup", t, num_branches=1)),
     "prompt_lookup_tree": ("prompt_lookup",
                            lambda t: drafters.build("prompt_lookup", t, num_branches=3)),
+    # The n-gram model: its default (drafts as long as the history's match, verified at 0, 3 or
+    # 7 nodes), every length verified at its own size, and a fixed length verified whole.
+    "ngram": ("ngram", lambda t: drafters.build("ngram", t)),
+    "ngram_every_size": ("ngram", lambda t: drafters.build(
+        "ngram", t, num_tokens=5, match_scale=2.0, verify_sizes=(0, 1, 2, 3, 4))),
+    "ngram_fixed": ("ngram", lambda t: drafters.build("ngram", t, num_tokens=4, match_scale=None,
+                                                      verify_sizes=())),
     "token_recycling_tree": ("token_recycling", lambda t: drafters.build("token_recycling", t)),
     "token_recycling_chain": ("token_recycling", lambda t: drafters.build(
         "token_recycling", t, paths=TreeTemplate.chain(4).paths)),
@@ -212,6 +219,30 @@ def test_greedy_equals_autoregressive(target, greedy_drafters, ar, name, batch):
 
 
 @pytest.mark.parametrize("batch", [1, 4])
+def test_verify_sizes_change_only_the_cost(target, greedy_drafters, batch):
+  """A round verified at the smallest of the drafter's verify sizes that holds every live row's
+  valid nodes is the round verified whole: the n-gram model with sizes 0, 1, .., 4 and the same
+  drafter verified at all 5 nodes every round emit the same tokens in the same rounds with the
+  same acceptances. `rounds_by_size` counts every round once, at sizes the drafts needed (here
+  several of them), and a drafter with one size reports none."""
+  bucketed = greedy_drafters["ngram_every_size"]
+  whole = bucketed.replace(verify_sizes=())
+  used = set()
+  for group in _groups(batch)[:4]:
+    prompts = [PROMPTS[i] for i in group]
+    a = specjax.generate(target, prompts, max_new_tokens=NEW, drafter=bucketed, pad_to=PAD)
+    b = specjax.generate(target, prompts, max_new_tokens=NEW, drafter=whole, pad_to=PAD)
+    assert a.tokens == b.tokens
+    assert a.stats.accepted_by_depth == b.stats.accepted_by_depth
+    assert a.stats.target_calls == b.stats.target_calls and a.stats.row_calls == b.stats.row_calls
+    assert set(a.stats.rounds_by_size) == {0, 1, 2, 3, 4, 5}
+    assert sum(a.stats.rounds_by_size.values()) == a.stats.target_calls - 1
+    assert b.stats.rounds_by_size == {}
+    used |= {n for n, k in a.stats.rounds_by_size.items() if k}
+  assert len(used) >= 3, used
+
+
+@pytest.mark.parametrize("batch", [1, 4])
 def test_identical_drafter_accepts_everything(target, greedy_drafters, batch):
   """draft_lm with the target itself as draft (5 tokens): every node of every round is accepted,
   so each round emits 6 tokens and tau = 128 / (1 + ceil(127 / 6)) = 128 / 23, the 6 below 7
@@ -231,6 +262,7 @@ def test_identical_drafter_accepts_everything(target, greedy_drafters, batch):
 _CHAIN_DRAFTERS = {
     "autoregressive": lambda t: None,
     "prompt_lookup_chain": lambda t: drafters.build("prompt_lookup", t, num_branches=1),
+    "ngram": lambda t: drafters.build("ngram", t),
     "token_recycling_chain": lambda t: drafters.build("token_recycling", t,
                                                       paths=TreeTemplate.chain(4).paths),
     "layer_skip": lambda t: drafters.build("layer_skip", t, num_layers=1),
@@ -242,10 +274,12 @@ _CHAIN_DRAFTERS = {
 @pytest.mark.parametrize("name", list(_CHAIN_DRAFTERS))
 def test_chain_rounds_update_the_cache_in_place(monkeypatch, name):
   """Autoregressive and chain rounds keep every layer's KV cache in place: the compiled program
-  copies no [B, S, K, D] cache buffer in its loop. (Autoregressive rounds committed their one
-  row by moving it onto itself, and XLA then copied every layer's K and V twice per round.) On a
-  target with 2 KV heads, as the embedded one: with a single KV head XLA's CPU fusion of the
-  one-row write still copies each layer's cache."""
+  copies no [B, S, K, D] cache buffer in its loop, nor in the conditionals the loop runs (the
+  n-gram model's verification at one of three sizes). (Autoregressive rounds committed their
+  one row by moving it onto itself, and XLA then copied every layer's K and V twice per round;
+  a `lax.switch` over verify sizes copied them all in every branch.) On a target with 2 KV
+  heads, as the embedded one: with a single KV head XLA's CPU fusion of the one-row write still
+  copies each layer's cache."""
   target = tt.scaled_target(tt.config(tt.GREEDY_VOCAB, num_heads=4, num_kv_heads=2), seed=0)
   programs = []
   compiled = decoding._compiled
@@ -262,6 +296,11 @@ def test_chain_rounds_update_the_cache_in_place(monkeypatch, name):
   computations = {c.split(" ", 1)[0]: c for c in re.split(r"\n(?=%)", hlo)}
   loops = [computations[body] for body in re.findall(r"body=(%[\w.\-]+)", hlo)]
   assert loops, "no while loop in the program"
+  called = r"(?:true_computation|false_computation)=(%[\w.\-]+)|branch_computations=\{([^}]*)\}"
+  for body in loops:  # the branches of conditionals in a loop run in that loop (appended: walked)
+    for true_or_false, branches in re.findall(called, body):
+      names = [true_or_false] if true_or_false else re.findall(r"%[\w.\-]+", branches)
+      loops.extend(computations[n] for n in names if computations[n] not in loops)
   cfg = target.config
   layer = rf"\w+\[1,\d+,{cfg.num_kv_heads},{cfg.head_dim}\]"
   copies = [c for body in loops for c in re.findall(rf"= {layer}\{{[^}}]*\}} copy\(", body)]
@@ -272,7 +311,7 @@ def test_chain_rounds_update_the_cache_in_place(monkeypatch, name):
 # 2. Sampling: chi-square against the exact law of the first three tokens.
 
 N_ROWS = 24576  # sampled rows per test, in one batched call
-ALPHA = 1e-6  # per test; 35 tests here: family-wise false alarm <= 3.5e-5 (Bonferroni)
+ALPHA = 1e-6  # per test; 37 tests here: family-wise false alarm <= 3.7e-5 (Bonferroni)
 SAMPLING_PROMPT = [3, 1, 4, 1, 5, 1, 4, 2, 6, 5, 3, 1]  # repeats: prompt lookup proposes at once
 SAMPLING_PAD = 16
 SAMPLINGS = {"T1": SamplingConfig(1.0), "T0.7_p0.9": SamplingConfig(0.7, top_p=0.9)}
@@ -291,6 +330,7 @@ _SAMPLING_DRAFTERS = {
     "draft_lm_self": lambda t: draft_lm.build(t, draft=t, num_tokens=2),
     "token_recycling": lambda t: drafters.build("token_recycling", t),
     "prompt_lookup": lambda t: drafters.build("prompt_lookup", t, num_tokens=3, num_branches=3),
+    "ngram": lambda t: drafters.build("ngram", t, num_tokens=3, verify_sizes=(0, 1)),
     "medusa": lambda t: tt.learned_drafter("medusa", t),
     "hydra": lambda t: tt.learned_drafter("hydra", t),
     "hydra_recent": lambda t: tt.learned_drafter("hydra", t, d2t=np.arange(4), recent_tokens=6),
@@ -373,18 +413,19 @@ def test_sampling_matches_exact_law(sampling_target, sampling_drafters, name, sa
   """24576 copies of one prompt, generated in ONE batched call with 3 new tokens (each row has its
   own rng stream: independent draws): the joint counts of (x1, x2, x3) follow the exact law of
   the target (`_exact_law`), by a Pearson chi-square test with cells of expected count < 5 pooled,
-  rejected at ALPHA = 1e-6 (Bonferroni: the 35 such tests here have a family-wise false-alarm
-  probability <= 3.5e-5). The test asserts its own power: >= 0.99 against a bias of
+  rejected at ALPHA = 1e-6 (Bonferroni: the 37 such tests here have a family-wise false-alarm
+  probability <= 3.7e-5). The test asserts its own power: >= 0.99 against a bias of
   D = sum (r - p)^2 / p = 0.01 over the pooled cells (N = 24576 gives > 0.9999 here).
 
   x1 comes from the prefill, x2 and x3 from the first round(s): accepted drafts or the bonus
   token, so rows that reject early test the residual draw. Cases: the q-based chain rule
   (layer_skip and a random draft LM sampled with q; the target as its own draft LM, where every
   draft must be accepted), the recursive tree rule (Token Recycling's 14-node tree, prompt
-  lookup's 3 branches, the top-k trees of random Medusa, Hydra, EAGLE and EAGLE-3 drafters,
-  DFlash's argmax chain and best-first tree from its block's marginals, and of Hydra, EAGLE,
-  EAGLE-3 and DFlash over 3-4 ids plus the history's recent tokens), and drafter=None, which
-  separates sampler bugs from speculation bugs.
+  lookup's 3 branches, the n-gram model's chain verified at 0, 1 or 3 nodes, the top-k trees of
+  random Medusa, Hydra, EAGLE and EAGLE-3 drafters, DFlash's argmax chain and best-first tree
+  from its block's marginals, and of Hydra, EAGLE, EAGLE-3 and DFlash over 3-4 ids plus the
+  history's recent tokens), and drafter=None, which separates sampler bugs from speculation
+  bugs.
   Zero-probability outcomes (outside top-p) must never occur."""
   seed = 100 * list(_SAMPLING_DRAFTERS).index(name) + list(SAMPLINGS).index(sampling)
   _check_exact_law(sampling_target, sampling_drafters[name], name, SAMPLINGS[sampling], seed)

@@ -16,6 +16,7 @@ from specjax.drafters import (  # noqa: F401
                               hydra,
                               layer_skip,
                               medusa,
+                              ngram,
                               prompt_lookup,
                               token_recycling,
 )

@@ -27,17 +27,30 @@ def branch_structure(num_branches: int, length: int) -> tuple[np.ndarray, np.nda
   return np.where(pos == 0, -1, i - 1).astype(np.int32), (pos + 1).astype(np.int32)
 
 
-def continuation_matches(history: jax.Array, hist_len: jax.Array, n: int) -> jax.Array:
-  """bool[W] per row: c is a continuation start, i.e. history[c - n : c] equals the last n tokens.
+def suffix_matches(history: jax.Array, hist_len: jax.Array, suffix: jax.Array,
+                   suffix_len: jax.Array) -> list[jax.Array]:
+  """One row's n-gram matches of a sequence's suffix, for every order n = 1..M.
 
-  c < hist_len, so a continuation token exists and the suffix does not match itself.
+  history: int32[W], its first hist_len tokens real; suffix: int32[M], the last M tokens of the
+  sequence being continued (newest last), of which the last `suffix_len` exist (fewer than M at
+  the start of a sequence). Entry n - 1 is bool[W]: c is a continuation start of order n, i.e.
+  c < hist_len (a continuation token exists) and history[c - n : c] equals the suffix's last n
+  tokens. Each order refines the one below it (an n-gram match is an (n - 1)-gram match).
   """
-  w = history.shape[0]
+  w, m = history.shape[0], suffix.shape[0]
   c = jnp.arange(w)
-  ok = (c >= n) & (c < hist_len) & (hist_len >= n)
-  for i in range(n):
-    ok &= history[jnp.clip(c - n + i, 0, w - 1)] == history[jnp.clip(hist_len - n + i, 0, w - 1)]
-  return ok
+  ok = c < hist_len
+  orders = []
+  for n in range(1, m + 1):
+    # history[c - n] by a static roll; the wrapped entries are the c < n masked out.
+    ok &= (c >= n) & (suffix_len >= n) & (jnp.roll(history, n) == suffix[m - n])
+    orders.append(ok)
+  return orders
+
+
+def history_suffix(history: jax.Array, hist_len: jax.Array, m: int) -> jax.Array:
+  """int32[M]: the last m tokens of one row's history (newest last; junk before its start)."""
+  return history[jnp.clip(hist_len - m + jnp.arange(m), 0, history.shape[0] - 1)]
 
 
 @struct.dataclass
@@ -58,9 +71,11 @@ class PromptLookup(Stateless):
     """Tokens int32[N] and validity bool[N] of one row's branches."""
     w = history.shape[0]
     # score = n * W + c: longer n-grams first, then the most recent continuation; -1 = none.
+    orders = suffix_matches(history, hist_len, history_suffix(history, hist_len, self.max_ngram),
+                            hist_len)
     score = jnp.full((w,), -1, jnp.int32)
     for n in range(self.min_ngram, self.max_ngram + 1):
-      score = jnp.where(continuation_matches(history, hist_len, n), n * w + jnp.arange(w), score)
+      score = jnp.where(orders[n - 1], n * w + jnp.arange(w), score)
     tokens, valid = [], []
     for _ in range(self.num_branches):
       best = score.max()

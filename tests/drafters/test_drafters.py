@@ -17,7 +17,7 @@ import pytest
 
 import specjax
 from specjax import drafters, trees
-from specjax.drafters import draft_lm, prompt_lookup, token_recycling
+from specjax.drafters import draft_lm, ngram, prompt_lookup, token_recycling
 from specjax.drafters.base import DraftContext, Prefill, RoundResult, TargetView
 from specjax.drafters.oracle import Oracle
 from specjax.models import decoder
@@ -142,6 +142,106 @@ def test_prompt_lookup_matches_reference_on_random_histories(num_tokens, num_bra
   for b, row in enumerate(rows):
     assert _as_branches(tokens[b], valid[b], num_branches) == _reference_branches(
         row, num_tokens, num_branches, max_ngram, min_ngram), f"row {b}: {row}"
+
+
+# ------------------------------------------------------------------------------------------------
+# ngram
+
+
+def _reference_ngram(history, num_tokens, max_ngram, min_ngram, match_scale):
+  """The documented rule in plain Python: each next token is the continuation (at a position c <
+  len(history), so from the history only) seen most often after the longest suffix of history +
+  draft, of order max_ngram down to min_ngram, that occurred before; ties go to the token seen
+  last; no match ends the draft. The draft keeps floor(match_scale * m) tokens, at most
+  num_tokens, m the longest suffix of the history that occurred before. Returns num_tokens
+  entries, None where invalid."""
+  h, n_hist = list(history), len(history)
+
+  def starts(seq, n):
+    return [c for c in range(n, n_hist) if len(seq) >= n and seq[c - n:c] == seq[len(seq) - n:]]
+
+  longest = max([n for n in range(1, n_hist + 1) if starts(h, n)], default=0)
+  length = num_tokens if match_scale is None else min(num_tokens, int(match_scale * longest))
+  seq, out = list(h), []
+  for _ in range(num_tokens):
+    found = [starts(seq, n) for n in range(max_ngram, min_ngram - 1, -1)]
+    cs = next((f for f in found if f), None)
+    if cs is None:
+      break
+    count = {t: sum(h[c] == t for c in cs) for t in {h[c] for c in cs}}
+    token = max(count, key=lambda t: (count[t], max(c for c in cs if h[c] == t)))
+    out.append(token)
+    seq.append(token)
+  out = out[:length]
+  return out + [None] * (num_tokens - len(out))
+
+
+def test_ngram_hand_made_history():
+  """History 5 1 2 5 1 3 5 1 2 7 5 1: the 3-gram '7 5 1' never occurred before, the 2-gram '5 1'
+  did three times, continued by 2, 3, 2: the most frequent, 2, is drafted (prompt lookup would
+  copy the most recent continuation, 2 7 5 1). Then '5 1 2' was continued by 5 and by 7, once
+  each: the most recent, 7; then '1 2 7' -> 5, '2 7 5' -> 1, and '5 1' -> 2 again. The longest
+  earlier suffix of the history is '5 1', so with match_scale 1.5 floor(1.5 * 2) = 3 tokens are
+  kept. The junk after the history (which would extend the 3-gram match) is never read."""
+  history = [5, 1, 2, 5, 1, 3, 5, 1, 2, 7, 5, 1]
+  full = drafters.build("ngram", None, num_tokens=5, match_scale=None)
+  scaled = drafters.build("ngram", None, num_tokens=5, match_scale=1.5)
+  for drafter, keep in ((full, 5), (scaled, 3)):
+    tokens, valid, tree = _lookup_vocab(drafter, [history], width=20, junk=[5, 1, 9, 9, 9])
+    expect = [2, 7, 5, 1, 2][:keep] + [None] * (5 - keep)
+    assert [int(t) if v else None for t, v in zip(tokens[0], valid[0])] == expect
+    assert tree.chain
+    trees.validate(tree, vocab_size=16)  # an invalid node's token is an id too
+
+
+def test_ngram_no_match_is_all_invalid():
+  """A history of distinct tokens has no earlier occurrence of its last token: nothing is
+  proposed, and every node's token is still an id (invalid nodes are embedded)."""
+  drafter = drafters.build("ngram", None, num_tokens=4, match_scale=None)
+  tokens, valid, tree = _lookup_vocab(drafter, [[1, 2, 3, 4, 5, 6, 7, 8], [9]])
+  assert not valid.any()
+  trees.validate(tree, vocab_size=16)
+
+
+@pytest.mark.parametrize("num_tokens,max_ngram,min_ngram,match_scale",
+                         [(4, 3, 1, None), (6, 2, 1, 1.0), (5, 4, 2, 0.5), (3, 1, 1, 2.0)])
+def test_ngram_matches_reference_on_random_histories(num_tokens, max_ngram, min_ngram,
+                                                     match_scale):
+  """64 random histories over 4 tokens (many repeats), lengths 1..24, in one batch: the drafted
+  chains equal the plain-Python reference token for token, with the same validity."""
+  drafter = drafters.build("ngram", None, num_tokens=num_tokens, max_ngram=max_ngram,
+                           min_ngram=min_ngram, match_scale=match_scale)
+  rng = np.random.default_rng(num_tokens * 10 + max_ngram)
+  rows = [rng.integers(0, 4, int(rng.integers(1, 25))).tolist() for _ in range(64)]
+  tokens, valid, tree = _lookup_vocab(drafter, rows, width=32,
+                                      junk=rng.integers(0, 4, 8).tolist())
+  trees.validate(tree, vocab_size=16)
+  for b, row in enumerate(rows):
+    got = [int(t) if v else None for t, v in zip(tokens[b], valid[b])]
+    assert got == _reference_ngram(row, num_tokens, max_ngram, min_ngram, match_scale), (
+        f"row {b}: {row}")
+
+
+def test_ngram_most_frequent_breaks_ties_by_recency():
+  """Counts over the candidate positions only; equal counts go to the token whose last
+  candidate is latest; no candidate gives token 0 and found False."""
+  tokens = jnp.asarray([4, 7, 4, 7, 9, 9, 7, 1], jnp.int32)
+  pick = jax.jit(ngram.most_frequent, static_argnums=2)
+  every = jnp.ones(8, bool)
+  assert [int(x) for x in pick(tokens, every, 16)] == [7, 1]  # 7 three times
+  some = jnp.asarray([1, 1, 1, 1, 1, 1, 0, 0], bool)  # 4, 7, 9 twice each: 9 is latest
+  assert [int(x) for x in pick(tokens, some, 16)] == [9, 1]
+  assert [int(x) for x in pick(tokens, jnp.zeros(8, bool), 16)] == [0, 0]
+
+
+def _lookup_vocab(drafter, rows, width=16, junk=()):
+  """`_lookup` for a drafter that reads the target's vocabulary size (16 here) in `draft`."""
+  history = _padded([list(r) + list(junk) for r in rows], width)
+  ctx = DraftContext(jnp.asarray(history), jnp.asarray([len(r) for r in rows], jnp.int32),
+                     jnp.asarray([r[-1] for r in rows], jnp.int32), None, None)
+  view = TargetView(tt.config(16), GREEDY, None)
+  tree, _, _ = jax.jit(lambda c: drafter.draft(view, (), c))(ctx)
+  return np.asarray(tree.tokens), np.asarray(tree.valid), tree
 
 
 # ------------------------------------------------------------------------------------------------
@@ -454,13 +554,15 @@ def test_oracle_drafts_the_reference_continuation():
 
 
 def test_registry_available_lists_only_usable_drafters(target):
-  """A random 2-layer target without tokenizer can run prompt lookup, Token Recycling and
-  layer-skip, but not draft_lm (no compatible shipped draft LM); a 1-layer target cannot skip
-  layers. Every available name builds."""
-  assert set(drafters.names()) >= {"draft_lm", "layer_skip", "prompt_lookup", "token_recycling"}
-  assert drafters.available(target) == ["layer_skip", "prompt_lookup", "token_recycling"]
+  """A random 2-layer target without tokenizer can run the n-gram model, prompt lookup, Token
+  Recycling and layer-skip, but not draft_lm (no compatible shipped draft LM); a 1-layer target
+  cannot skip layers. Every available name builds."""
+  assert set(drafters.names()) >= {"draft_lm", "layer_skip", "ngram", "prompt_lookup",
+                                   "token_recycling"}
+  assert drafters.available(target) == ["layer_skip", "ngram", "prompt_lookup",
+                                        "token_recycling"]
   one_layer = tt.draft_target()
-  assert drafters.available(one_layer) == ["prompt_lookup", "token_recycling"]
+  assert drafters.available(one_layer) == ["ngram", "prompt_lookup", "token_recycling"]
   for name in drafters.available(target):
     assert drafters.build(name, target).num_nodes > 0
     assert drafters.describe(name)
@@ -484,6 +586,10 @@ def test_registry_build_rejects_unusable_or_unknown(target, name, target_kind, m
     ("layer_skip", dict(num_tokens=0), r"layer_skip num_tokens must be in \[1, 256\], got 0"),
     ("prompt_lookup", dict(min_ngram=3, max_ngram=2), r"min_ngram <= max_ngram"),
     ("prompt_lookup", dict(num_branches=0), r"num_branches must be in \[1, 85\], got 0"),
+    ("ngram", dict(min_ngram=3, max_ngram=2), r"min_ngram <= max_ngram"),
+    ("ngram", dict(match_scale=0), r"ngram match_scale must be > 0 \(or None: fixed length\)"),
+    ("ngram", dict(verify_sizes=(0, 8)), r"ngram verify_sizes entry must be in \[0, 7\], got 8"),
+    ("ngram", dict(verify_sizes=3), r"ngram verify_sizes must be a list of ints, got 3"),
     ("token_recycling", dict(k=1), r"k=1 is smaller than the template's largest rank"),
 ])
 def test_registry_build_rejects_bad_options(target, name, options, message):
