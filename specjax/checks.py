@@ -40,6 +40,14 @@ def integer(name: str, value, lo: int | None = None, hi: int | None = None) -> i
   return value
 
 
+def sizes(name: str, value, most: int) -> tuple[int, ...]:
+  """`value`, a list of ints in [0, most], as a sorted tuple without duplicates and without
+  `most` itself (a drafter's `verify_sizes` below its N nodes); ValueError naming `name`."""
+  if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+    raise ValueError(f"{name} must be a list of ints, got {value!r}")
+  return tuple(sorted({integer(f"{name} entry", v, lo=0, hi=most) for v in value} - {most}))
+
+
 def real(name: str, value) -> float:
   """`value` as a float; ValueError naming `name` for anything but a number (NaN passes: the
   caller's range check refuses it)."""

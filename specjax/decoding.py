@@ -13,7 +13,8 @@ two, or from 128 on to the next of the powers of two and their midpoints (192, 3
 length or batch size inside a bucket reuses the compiled program. Sampling's temperature and
 top-p are traced values (only greedy vs sampled, top-k and top-p on/off select programs), as is
 `max_new_tokens` itself: a sweep over temperatures, top-p values or generation lengths compiles
-once per bucket.
+once per bucket. The prefill runs in chunks (`PREFILL_CHUNK`), as many as the longest prompt
+needs, so the padding of a bucket costs no prefill work past its last chunk.
 
 On a device mesh (a target from `Target.on_mesh` or `load_target(mesh=...)`) the same program is
 compiled with explicit shardings (`specjax.sharding`): params and drafter by the partition rules,

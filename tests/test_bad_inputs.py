@@ -179,6 +179,10 @@ CASES = {
                                  r"prompt_lookup max_ngram must be an int, got True"),
     "prompt_lookup_ngram_order": (build("prompt_lookup", min_ngram=3, max_ngram=2), ValueError,
                                   r"need 1 <= min_ngram <= max_ngram, got 3, 2"),
+    "prompt_lookup_size_past_the_tree": (build("prompt_lookup", num_tokens=2, num_branches=2,
+                                               verify_sizes=(0, 5)), ValueError,
+                                         r"prompt_lookup verify_sizes entry must be in \[0, 4\], "
+                                         r"got 5"),
     "ngram_float_tokens": (build("ngram", num_tokens=3.5), ValueError,
                            r"ngram num_tokens must be an int, got 3\.5"),
     "ngram_ngram_order": (build("ngram", min_ngram=3, max_ngram=2), ValueError,

@@ -183,4 +183,4 @@ def test_profile_phases_weighs_the_verify_sizes_a_run_used(target, monkeypatch):
   monkeypatch.setattr(decoding, "_verify_loop_program", spy)
   out = profile_phases(target, [prompt], drafter=drafter, max_new_tokens=16, repeats=2, trials=2)
   assert set(timed) == set(used)
-  assert out["t_verify"] > 0
+  assert math.isfinite(out["t_verify"]) and math.isfinite(out["t_draft"])

@@ -79,10 +79,8 @@ _GREEDY_DRAFTERS = {
     "prompt_lookup_tree": ("prompt_lookup",
                            lambda t: drafters.build("prompt_lookup", t, num_branches=3)),
     # The n-gram model: its default (drafts as long as the history's match, verified at 0, 3 or
-    # 7 nodes), every length verified at its own size, and a fixed length verified whole.
+    # 7 nodes) and a fixed length verified whole (every size: test_verify_sizes_...).
     "ngram": ("ngram", lambda t: drafters.build("ngram", t)),
-    "ngram_every_size": ("ngram", lambda t: drafters.build(
-        "ngram", t, num_tokens=5, match_scale=2.0, verify_sizes=(0, 1, 2, 3, 4))),
     "ngram_fixed": ("ngram", lambda t: drafters.build("ngram", t, num_tokens=4, match_scale=None,
                                                       verify_sizes=())),
     "token_recycling_tree": ("token_recycling", lambda t: drafters.build("token_recycling", t)),
@@ -219,13 +217,14 @@ def test_greedy_equals_autoregressive(target, greedy_drafters, ar, name, batch):
 
 
 @pytest.mark.parametrize("batch", [1, 4])
-def test_verify_sizes_change_only_the_cost(target, greedy_drafters, batch):
+def test_verify_sizes_change_only_the_cost(target, batch):
   """A round verified at the smallest of the drafter's verify sizes that holds every live row's
   valid nodes is the round verified whole: the n-gram model with sizes 0, 1, .., 4 and the same
   drafter verified at all 5 nodes every round emit the same tokens in the same rounds with the
   same acceptances. `rounds_by_size` counts every round once, at sizes the drafts needed (here
   several of them), and a drafter with one size reports none."""
-  bucketed = greedy_drafters["ngram_every_size"]
+  bucketed = drafters.build("ngram", target, num_tokens=5, match_scale=2.0,
+                            verify_sizes=(0, 1, 2, 3, 4))
   whole = bucketed.replace(verify_sizes=())
   used = set()
   for group in _groups(batch)[:4]:

@@ -123,9 +123,6 @@ def build(target, *, num_tokens: int = 7, max_ngram: int = 3, min_ngram: int = 1
     if not match_scale > 0:
       raise ValueError(f"ngram match_scale must be > 0 (or None: fixed length), got "
                        f"{match_scale}")
-  if isinstance(verify_sizes, (str, bytes)) or not isinstance(verify_sizes, (list, tuple)):
-    raise ValueError(f"ngram verify_sizes must be a list of ints, got {verify_sizes!r}")
-  sizes = tuple(sorted({checks.integer("ngram verify_sizes entry", size, lo=0, hi=num_tokens)
-                        for size in verify_sizes} - {num_tokens}))
+  sizes = checks.sizes("ngram verify_sizes", verify_sizes, num_tokens)
   return NGram(num_tokens, max_ngram, min_ngram, match_scale, sizes,
                built_for=None if target is None else TargetFacts.of(target.config))

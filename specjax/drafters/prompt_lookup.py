@@ -59,6 +59,9 @@ class PromptLookup(Stateless):
   num_branches: int = struct.field(pytree_node=False, default=1)
   max_ngram: int = struct.field(pytree_node=False, default=3)
   min_ngram: int = struct.field(pytree_node=False, default=1)
+  # Node counts below N a round is also verified at (`specjax.drafters.base`): by default 0, the
+  # round without a match, which then costs one autoregressive step.
+  verify_sizes: tuple[int, ...] = struct.field(pytree_node=False, default=(0,))
   hidden_layers: tuple[int, ...] = struct.field(pytree_node=False, default=())
   built_for: TargetFacts | None = struct.field(pytree_node=False, default=None)
 
@@ -102,9 +105,11 @@ class PromptLookup(Stateless):
 
 @register("prompt_lookup", description="n-gram match in prompt + output (model-free)")
 def build(target, *, num_tokens: int = 3, num_branches: int = 1, max_ngram: int = 3,
-          min_ngram: int = 1) -> PromptLookup:
+          min_ngram: int = 1, verify_sizes=(0,)) -> PromptLookup:
   """Options are ints; the tree (num_tokens * num_branches nodes) and the n-grams fit the
-  target's context. Model-free: `target` may be None (no context bound, no target recorded)."""
+  target's context; verify_sizes: node counts in [0, num_tokens * num_branches] (a chain's
+  shorter continuations, near the end of the history, can use them too). Model-free: `target`
+  may be None (no context bound, no target recorded)."""
   context = None if target is None else target.config.max_position_embeddings
   num_tokens = checks.integer("prompt_lookup num_tokens", num_tokens, lo=1, hi=context)
   num_branches = checks.integer("prompt_lookup num_branches", num_branches, lo=1,
@@ -113,5 +118,6 @@ def build(target, *, num_tokens: int = 3, num_branches: int = 1, max_ngram: int 
   min_ngram = checks.integer("prompt_lookup min_ngram", min_ngram, lo=1, hi=context)
   if min_ngram > max_ngram:
     raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
-  return PromptLookup(num_tokens, num_branches, max_ngram, min_ngram,
+  sizes = checks.sizes("prompt_lookup verify_sizes", verify_sizes, num_tokens * num_branches)
+  return PromptLookup(num_tokens, num_branches, max_ngram, min_ngram, sizes,
                       built_for=None if target is None else TargetFacts.of(target.config))
