@@ -224,6 +224,13 @@ def _drafter_params(spec: _Spec, params):
   return sharding.with_whole_embedding(params) if spec.copied_drafter else params
 
 
+def prefill_chunks(prompt_len: int, padded_len: int) -> int:
+  """How many forward passes the prefill of a prompt of `prompt_len` tokens padded to
+  `padded_len` runs (`_prompt_pass`; a batch runs as many as its longest prompt needs)."""
+  c = PREFILL_CHUNK
+  return -(-prompt_len // c) if padded_len > c and padded_len % c == 0 else 1
+
+
 @jax.named_scope("prefill")
 def _prompt_pass(cfg: ModelConfig, params, prompts, prompt_lens, cache: KVCache,
                  hidden_layers: tuple[int, ...]):
@@ -237,7 +244,7 @@ def _prompt_pass(cfg: ModelConfig, params, prompts, prompt_lens, cache: KVCache,
   states past the last chunk are left as they were (zeros), past every row's prompt."""
   b, p = prompts.shape
   c = PREFILL_CHUNK
-  if p <= c or p % c:
+  if prefill_chunks(p, p) == 1:
     positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
     out = decoder.forward(cfg, params, prompts, positions, decoder.causal_mask(prompt_lens, p),
                           cache, hidden_layers=hidden_layers,
