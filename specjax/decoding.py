@@ -13,8 +13,7 @@ two, or from 128 on to the next of the powers of two and their midpoints (192, 3
 length or batch size inside a bucket reuses the compiled program. Sampling's temperature and
 top-p are traced values (only greedy vs sampled, top-k and top-p on/off select programs), as is
 `max_new_tokens` itself: a sweep over temperatures, top-p values or generation lengths compiles
-once per bucket. The prefill runs in chunks (`PREFILL_CHUNK`), as many as the longest prompt
-needs, so the padding of a bucket costs no prefill work past its last chunk.
+once per bucket.
 
 On a device mesh (a target from `Target.on_mesh` or `load_target(mesh=...)`) the same program is
 compiled with explicit shardings (`specjax.sharding`): params and drafter by the partition rules,
@@ -61,11 +60,6 @@ MIN_BUCKET = 16
 # to, at one more program per octave. Below it the programs are cheap to pad and a finer grid
 # would only compile more of them.
 FINE_BUCKETS = 128
-# The prefill runs in chunks of this many prompt positions, as many as the longest prompt needs: a
-# prompt padded to its bucket (or to a whole benchmark set's) costs its own length rounded up to a
-# chunk, not the bucket. Buckets from 64 on are multiples of it; a shorter or odd `pad_to` is one
-# chunk.
-PREFILL_CHUNK = 64
 
 
 @struct.dataclass
@@ -224,76 +218,23 @@ def _drafter_params(spec: _Spec, params):
   return sharding.with_whole_embedding(params) if spec.copied_drafter else params
 
 
-def prefill_chunks(prompt_len: int, padded_len: int) -> int:
-  """How many forward passes the prefill of a prompt of `prompt_len` tokens padded to
-  `padded_len` runs (`_prompt_pass`; a batch runs as many as its longest prompt needs)."""
-  c = PREFILL_CHUNK
-  return -(-prompt_len // c) if padded_len > c and padded_len % c == 0 else 1
-
-
-@jax.named_scope("prefill")
-def _prompt_pass(cfg: ModelConfig, params, prompts, prompt_lens, cache: KVCache,
-                 hidden_layers: tuple[int, ...]):
-  """The prompts' forward into `cache` (its length left at 0): the logits at each row's last
-  prompt token [B, V], the requested hidden states of every prompt position [H, B, P, E] (or
-  None) and the cache holding the prompts' K/V at slots [0, P).
-
-  In chunks of PREFILL_CHUNK positions when P is a multiple of it, in a loop of as many chunks
-  as the longest prompt needs: chunk i attends to the slots before it through the cache (as a
-  verification attends to the committed prefix) and causally within itself. Slots and hidden
-  states past the last chunk are left as they were (zeros), past every row's prompt."""
-  b, p = prompts.shape
-  c = PREFILL_CHUNK
-  if prefill_chunks(p, p) == 1:
-    positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
-    out = decoder.forward(cfg, params, prompts, positions, decoder.causal_mask(prompt_lens, p),
-                          cache, hidden_layers=hidden_layers,
-                          logits_index=(prompt_lens - 1)[:, None])
-    return out.logits[:, 0], out.hidden, out.cache
-  causal = jnp.arange(c)[:, None] >= jnp.arange(c)[None, :]
-
-  def chunk(i, carry):
-    last, hidden, cache = carry
-    start = i * c
-    tokens = jax.lax.dynamic_slice_in_dim(prompts, start, c, axis=1)
-    pos = start + jnp.arange(c, dtype=jnp.int32)
-    new_mask = causal[None] & (pos[None, None, :] < prompt_lens[:, None, None])
-    at = prompt_lens - 1 - start  # each row's last prompt token, if in this chunk
-    out = decoder.forward(cfg, params, tokens, jnp.broadcast_to(pos, (b, c)), new_mask,
-                          cache.replace(length=jnp.full((b,), start, jnp.int32)),
-                          hidden_layers=hidden_layers, logits_index=jnp.clip(at, 0, c - 1)[:, None])
-    last = jnp.where(((at >= 0) & (at < c))[:, None], out.logits[:, 0], last)
-    if hidden is not None:
-      hidden = jax.lax.dynamic_update_slice_in_dim(hidden, out.hidden, start, axis=2)
-    return last, hidden, out.cache
-
-  # The carry's dtypes are the forward's own (logits and hidden states in the compute dtype).
-  shapes = jax.eval_shape(lambda: decoder.forward(
-      cfg, params, prompts[:, :c], jnp.zeros((b, c), jnp.int32), causal[None].repeat(b, 0), cache,
-      hidden_layers=hidden_layers, logits_index=jnp.zeros((b, 1), jnp.int32)))
-  last = jnp.zeros((b, cfg.vocab_size), shapes.logits.dtype)
-  hidden = None
-  if hidden_layers:
-    hidden = jnp.zeros((len(hidden_layers), b, p, cfg.hidden_size), shapes.hidden.dtype)
-  n_chunks = (jnp.max(prompt_lens) + c - 1) // c
-  last, hidden, cache = jax.lax.fori_loop(0, n_chunks, chunk, (last, hidden, cache))
-  return last, hidden, cache.replace(length=jnp.zeros((b,), jnp.int32))
-
-
 def _prefill(spec: _Spec, params, drafter, prompts, prompt_lens, live, eos_ids, rng,
              sampling: SamplingConfig, max_new, cache: KVCache) -> DecodeState:
   """The prompts' forward pass into `cache`; rows with `live` False (batch padding) start done."""
   cfg = spec.config
   b, p = prompts.shape
-  last, hidden, cache = _prompt_pass(cfg, params, prompts, prompt_lens, cache,
-                                     drafter.hidden_layers)
+  positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
+  out = decoder.forward(cfg, params, prompts, positions, decoder.causal_mask(prompt_lens, p), cache,
+                        hidden_layers=drafter.hidden_layers,
+                        logits_index=(prompt_lens - 1)[:, None])
+  last = out.logits[:, 0]
   rng, key, init_key = jax.random.split(rng, 3)
   first = jax.vmap(lambda k, x: sample(k, x, sampling))(row_keys(key, b), last)
   history = jnp.zeros((b, spec.cache_len), jnp.int32).at[:, :p].set(prompts)
   history = history.at[jnp.arange(b), prompt_lens].set(first)
-  cache = cache.advance(prompt_lens)
+  cache = out.cache.advance(prompt_lens)
   view = TargetView(cfg, sampling, _drafter_params(spec, params))
-  drafter_state = drafter.init(view, Prefill(prompts, history, prompt_lens + 1, last, hidden,
+  drafter_state = drafter.init(view, Prefill(prompts, history, prompt_lens + 1, last, out.hidden,
                                                   cache))
   return _constrain(spec, DecodeState(
       cache=cache, history=history, hist_len=prompt_lens + 1, prompt_len=prompt_lens,
