@@ -736,20 +736,19 @@ def _profile(spec: _Spec, args: tuple, repeats: int, trials: int) -> dict[str, f
     return jax.block_until_ready(_verify_loop_program(spec, params, drafter, eos, state, k,
                                                       np.int32(size)))
 
-  # A drafter with several verify sizes: each size the run used is timed, and the verify phase
-  # is their mean weighted by the run's rounds at each.
-  _, out = call(False)
-  rounds, by_size = int(_to_host(out.rounds)), _to_host(out.size_hist)
-  used = [i for i, k in enumerate(by_size) if k > 0]
-  if drafter.num_nodes:
-    for i in used:  # compiles the loop and runs each size's verification once: a first is slow
-      verify(1, i)
   # The first `trials` calls of each warm up (on a mesh the first few run up to 2x slower); then
   # every timing of a trial runs beside the others, so a drift in the machine's speed hits them
   # alike (t_draft is a difference of two of them).
   for _ in range(trials):
     call(True)
-    call(False)
+    _, out = call(False)
+  # A drafter with several verify sizes: each size the run used is timed, and the verify phase
+  # is their mean weighted by the run's rounds at each.
+  rounds, by_size = int(_to_host(out.rounds)), _to_host(out.size_hist)
+  used = [i for i, k in enumerate(by_size) if k > 0]
+  if drafter.num_nodes:
+    for i in used:  # compiles the loop and runs each size's verification once: a first is slow
+      verify(1, i)
   times = collections.defaultdict(list)
   for _ in range(trials):
     times["prefill"].append(call(True)[0])

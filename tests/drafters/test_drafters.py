@@ -81,11 +81,14 @@ def _reference_branches(history, num_tokens, num_branches, max_ngram, min_ngram)
 
 
 def _lookup(drafter, rows, width=16, junk=()):
-  """Runs `draft` on histories `rows` (junk tokens after each history) -> (tokens, valid, tree)."""
+  """Runs `draft` on histories `rows` (junk tokens after each history) -> (tokens, valid, tree),
+  with the view of a target of 16 ids (the n-gram model counts over its vocabulary; prompt
+  lookup reads no target)."""
   history = _padded([list(r) + list(junk) for r in rows], width)
   ctx = DraftContext(jnp.asarray(history), jnp.asarray([len(r) for r in rows], jnp.int32),
                      jnp.asarray([r[-1] for r in rows], jnp.int32), None, None)
-  tree, _, _ = jax.jit(drafter.draft)(None, (), ctx)
+  view = TargetView(tt.config(16), GREEDY, None)
+  tree, _, _ = jax.jit(lambda c: drafter.draft(view, (), c))(ctx)
   return np.asarray(tree.tokens), np.asarray(tree.valid), tree
 
 
@@ -187,7 +190,7 @@ def test_ngram_hand_made_history():
   full = drafters.build("ngram", None, num_tokens=5, match_scale=None)
   scaled = drafters.build("ngram", None, num_tokens=5, match_scale=1.5)
   for drafter, keep in ((full, 5), (scaled, 3)):
-    tokens, valid, tree = _lookup_vocab(drafter, [history], width=20, junk=[5, 1, 9, 9, 9])
+    tokens, valid, tree = _lookup(drafter, [history], width=20, junk=[5, 1, 9, 9, 9])
     expect = [2, 7, 5, 1, 2][:keep] + [None] * (5 - keep)
     assert [int(t) if v else None for t, v in zip(tokens[0], valid[0])] == expect
     assert tree.chain
@@ -198,7 +201,7 @@ def test_ngram_no_match_is_all_invalid():
   """A history of distinct tokens has no earlier occurrence of its last token: nothing is
   proposed, and every node's token is still an id (invalid nodes are embedded)."""
   drafter = drafters.build("ngram", None, num_tokens=4, match_scale=None)
-  tokens, valid, tree = _lookup_vocab(drafter, [[1, 2, 3, 4, 5, 6, 7, 8], [9]])
+  tokens, valid, tree = _lookup(drafter, [[1, 2, 3, 4, 5, 6, 7, 8], [9]])
   assert not valid.any()
   trees.validate(tree, vocab_size=16)
 
@@ -213,7 +216,7 @@ def test_ngram_matches_reference_on_random_histories(num_tokens, max_ngram, min_
                            min_ngram=min_ngram, match_scale=match_scale)
   rng = np.random.default_rng(num_tokens * 10 + max_ngram)
   rows = [rng.integers(0, 4, int(rng.integers(1, 25))).tolist() for _ in range(64)]
-  tokens, valid, tree = _lookup_vocab(drafter, rows, width=32,
+  tokens, valid, tree = _lookup(drafter, rows, width=32,
                                       junk=rng.integers(0, 4, 8).tolist())
   trees.validate(tree, vocab_size=16)
   for b, row in enumerate(rows):
@@ -232,16 +235,6 @@ def test_ngram_most_frequent_breaks_ties_by_recency():
   some = jnp.asarray([1, 1, 1, 1, 1, 1, 0, 0], bool)  # 4, 7, 9 twice each: 9 is latest
   assert [int(x) for x in pick(tokens, some, 16)] == [9, 1]
   assert [int(x) for x in pick(tokens, jnp.zeros(8, bool), 16)] == [0, 0]
-
-
-def _lookup_vocab(drafter, rows, width=16, junk=()):
-  """`_lookup` for a drafter that reads the target's vocabulary size (16 here) in `draft`."""
-  history = _padded([list(r) + list(junk) for r in rows], width)
-  ctx = DraftContext(jnp.asarray(history), jnp.asarray([len(r) for r in rows], jnp.int32),
-                     jnp.asarray([r[-1] for r in rows], jnp.int32), None, None)
-  view = TargetView(tt.config(16), GREEDY, None)
-  tree, _, _ = jax.jit(lambda c: drafter.draft(view, (), c))(ctx)
-  return np.asarray(tree.tokens), np.asarray(tree.valid), tree
 
 
 # ------------------------------------------------------------------------------------------------
