@@ -13,7 +13,8 @@ two, or from 128 on to the next of the powers of two and their midpoints (192, 3
 length or batch size inside a bucket reuses the compiled program. Sampling's temperature and
 top-p are traced values (only greedy vs sampled, top-k and top-p on/off select programs), as is
 `max_new_tokens` itself: a sweep over temperatures, top-p values or generation lengths compiles
-once per bucket.
+once per bucket. The prefill runs in chunks (`PREFILL_CHUNK`), as many as the longest prompt
+needs, so the padding of a bucket costs no prefill work past its last chunk.
 
 On a device mesh (a target from `Target.on_mesh` or `load_target(mesh=...)`) the same program is
 compiled with explicit shardings (`specjax.sharding`): params and drafter by the partition rules,
@@ -60,6 +61,11 @@ MIN_BUCKET = 16
 # to, at one more program per octave. Below it the programs are cheap to pad and a finer grid
 # would only compile more of them.
 FINE_BUCKETS = 128
+# The prefill runs in chunks of this many prompt positions, as many as the longest prompt needs: a
+# prompt padded to its bucket (or to a whole benchmark set's) costs its own length rounded up to a
+# chunk, not the bucket. Buckets from 64 on are multiples of it; a shorter or odd `pad_to` is one
+# chunk.
+PREFILL_CHUNK = 64
 
 
 @struct.dataclass
@@ -213,37 +219,112 @@ def _constrain(spec: _Spec, state: DecodeState) -> DecodeState:
 
 def _drafter_params(spec: _Spec, params):
   """The target params a drafter reads: beside a copied drafter, with a whole copy of the
-  embedding table on every device (`sharding.with_whole_embedding`). Programs call it outside
-  their loops (generate's prefill and loop each do; XLA merges the two into one gather)."""
+  embedding table on every device (`sharding.with_whole_embedding`). Programs call it once,
+  outside their loops (generate's, after its prompt loop: `_prefill`)."""
   return sharding.with_whole_embedding(params) if spec.copied_drafter else params
 
 
+def prefill_chunks(prompt_len: int, padded_len: int) -> int:
+  """How many forward passes the prefill of a prompt of `prompt_len` tokens padded to
+  `padded_len` runs (`_prompt_pass`; a batch runs as many as its longest prompt needs)."""
+  c = PREFILL_CHUNK
+  return -(-prompt_len // c) if padded_len > c and padded_len % c == 0 else 1
+
+
+@jax.named_scope("prefill")
+def _prompt_pass(cfg: ModelConfig, params, prompts, prompt_lens, cache: KVCache,
+                 hidden_layers: tuple[int, ...]):
+  """The prompts' forward into `cache` (its length left at 0): the logits at each row's last
+  prompt token [B, V], the requested hidden states of every prompt position [H, B, P, E] (or
+  None) and the cache holding the prompts' K/V at slots [0, P).
+
+  In chunks of PREFILL_CHUNK positions when P is a multiple of it, in a loop of as many chunks
+  as the longest prompt needs: chunk i attends to the slots before it through the cache (as a
+  verification attends to the committed prefix) and causally within itself. Slots and hidden
+  states past the last chunk are left as they were (zeros), past every row's prompt."""
+  b, p = prompts.shape
+  c = PREFILL_CHUNK
+  if prefill_chunks(p, p) == 1:
+    positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
+    out = decoder.forward(cfg, params, prompts, positions, decoder.causal_mask(prompt_lens, p),
+                          cache, hidden_layers=hidden_layers,
+                          logits_index=(prompt_lens - 1)[:, None])
+    return out.logits[:, 0], out.hidden, out.cache
+  causal = jnp.arange(c)[:, None] >= jnp.arange(c)[None, :]
+
+  def chunk_pass(start, cache):
+    pos = start + jnp.arange(c, dtype=jnp.int32)
+    new_mask = causal[None] & (pos[None, None, :] < prompt_lens[:, None, None])
+    at = jnp.clip(prompt_lens - 1 - start, 0, c - 1)[:, None]  # each row's last prompt token
+    tokens = jax.lax.dynamic_slice_in_dim(prompts, start, c, axis=1)
+    return decoder.forward(cfg, params, tokens, jnp.broadcast_to(pos, (b, c)), new_mask,
+                           cache.replace(length=jnp.full((b,), start, jnp.int32)),
+                           hidden_layers=hidden_layers, logits_index=at)
+
+  def chunk(i, carry):
+    last, hidden, cache = carry
+    start = i * c
+    out = chunk_pass(start, cache)
+    ends_here = (prompt_lens - 1 - start >= 0) & (prompt_lens - 1 - start < c)
+    last = jnp.where(ends_here[:, None], out.logits[:, 0], last)
+    if hidden is not None:
+      hidden = jax.lax.dynamic_update_slice_in_dim(hidden, out.hidden, start, axis=2)
+    return last, hidden, out.cache
+
+  # The carry's dtypes are the forward's own (logits and hidden states in the compute dtype).
+  shapes = jax.eval_shape(chunk_pass, 0, cache)
+  last = jnp.zeros((b, cfg.vocab_size), shapes.logits.dtype)
+  hidden = None
+  if hidden_layers:
+    hidden = jnp.zeros((len(hidden_layers), b, p, cfg.hidden_size), shapes.hidden.dtype)
+  n_chunks = (jnp.max(prompt_lens) + c - 1) // c
+  last, hidden, cache = jax.lax.fori_loop(0, n_chunks, chunk, (last, hidden, cache))
+  return last, hidden, cache.replace(length=jnp.zeros((b,), jnp.int32))
+
+
 def _prefill(spec: _Spec, params, drafter, prompts, prompt_lens, live, eos_ids, rng,
-             sampling: SamplingConfig, max_new, cache: KVCache) -> DecodeState:
-  """The prompts' forward pass into `cache`; rows with `live` False (batch padding) start done."""
+             sampling: SamplingConfig, max_new, cache: KVCache,
+             decode: Callable[[Any, DecodeState], DecodeState] | None = None) -> DecodeState:
+  """The prompts' forward pass into `cache`, then the drafter's `init`: the state the loop of
+  rounds starts from; rows with `live` False (batch padding) start done. `decode(dparams,
+  state)`, when given (`generate`'s loop of rounds), runs on from that state unless every row is
+  done already; `dparams` are the target params as the drafter reads them.
+
+  On a mesh, every loop or branch of the program that communicates is ordered by data against
+  every other collective in it: XLA's CPU runtime runs independent operations at the same time,
+  and two devices that enter two collectives in opposite orders wait for each other forever
+  (`specjax.hlo.races` finds such pairs; the tests check every method's program). So everything
+  after the prompt loop runs in one branch taken on the first tokens the loop gives: the whole
+  embedding table a copied drafter reads (gathered there), the history, the drafter's `init`
+  and `decode` with what XLA hoists out of its loop."""
   cfg = spec.config
   b, p = prompts.shape
-  positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
-  out = decoder.forward(cfg, params, prompts, positions, decoder.causal_mask(prompt_lens, p), cache,
-                        hidden_layers=drafter.hidden_layers,
-                        logits_index=(prompt_lens - 1)[:, None])
-  last = out.logits[:, 0]
-  rng, key, init_key = jax.random.split(rng, 3)
+  last, hidden, cache = _prompt_pass(cfg, params, prompts, prompt_lens, cache,
+                                     drafter.hidden_layers)
+  rng, key, _ = jax.random.split(rng, 3)
   first = jax.vmap(lambda k, x: sample(k, x, sampling))(row_keys(key, b), last)
-  history = jnp.zeros((b, spec.cache_len), jnp.int32).at[:, :p].set(prompts)
-  history = history.at[jnp.arange(b), prompt_lens].set(first)
-  cache = out.cache.advance(prompt_lens)
-  view = TargetView(cfg, sampling, _drafter_params(spec, params))
-  drafter_state = drafter.init(view, Prefill(prompts, history, prompt_lens + 1, last, out.hidden,
-                                                  cache))
-  return _constrain(spec, DecodeState(
-      cache=cache, history=history, hist_len=prompt_lens + 1, prompt_len=prompt_lens,
-      done=_is_eos(first, eos_ids) | (max_new <= 1) | ~live,
-      calls=jnp.ones((b,), jnp.int32), rounds=jnp.zeros((), jnp.int32),
-      accepted_hist=jnp.zeros((drafter.num_nodes + 1,), jnp.int32),
-      size_hist=jnp.zeros((len(verify_sizes_of(drafter)),), jnp.int32), rng=rng,
-      drafter_state=drafter_state, finite=jnp.all(jnp.isfinite(last), axis=-1) | ~live,
-      sampling=sampling, max_new=max_new))
+  # A row whose logits are not finite stops at once (`generate` raises for it).
+  finite = jnp.all(jnp.isfinite(last), axis=-1) | ~live
+  done = _is_eos(first, eos_ids) | (max_new <= 1) | ~live | ~finite
+
+  def start(go_on: bool) -> DecodeState:
+    history = jnp.zeros((b, spec.cache_len), jnp.int32).at[:, :p].set(prompts)
+    history = history.at[jnp.arange(b), prompt_lens].set(first)
+    prefilled = cache.advance(prompt_lens)
+    dparams = _drafter_params(spec, params)
+    drafter_state = drafter.init(TargetView(cfg, sampling, dparams), Prefill(
+        prompts, history, prompt_lens + 1, last, hidden, prefilled))
+    state = _constrain(spec, DecodeState(
+        cache=prefilled, history=history, hist_len=prompt_lens + 1, prompt_len=prompt_lens,
+        done=done, calls=jnp.ones((b,), jnp.int32), rounds=jnp.zeros((), jnp.int32),
+        accepted_hist=jnp.zeros((drafter.num_nodes + 1,), jnp.int32),
+        size_hist=jnp.zeros((len(verify_sizes_of(drafter)),), jnp.int32), rng=rng,
+        drafter_state=drafter_state, finite=finite, sampling=sampling, max_new=max_new))
+    return decode(dparams, state) if go_on else state
+
+  if decode is None:
+    return start(False)
+  return jax.lax.cond(jnp.all(done), lambda: start(False), lambda: start(True))
 
 
 @jax.named_scope("draft")
@@ -342,11 +423,11 @@ def _round(spec: _Spec, params, dparams, drafter, eos_ids, s: DecodeState) -> De
 
 def _generate_program(spec: _Spec, params, drafter, prompts, prompt_lens, live, eos_ids, rng,
                       sampling, max_new, cache) -> DecodeState:
-  state = _prefill(spec, params, drafter, prompts, prompt_lens, live, eos_ids, rng, sampling,
-                   max_new, cache)
-  dparams = _drafter_params(spec, params)
-  return jax.lax.while_loop(lambda s: ~jnp.all(s.done),
-                            lambda s: _round(spec, params, dparams, drafter, eos_ids, s), state)
+  def rounds(dparams, state: DecodeState) -> DecodeState:
+    return jax.lax.while_loop(lambda s: ~jnp.all(s.done),
+                              lambda s: _round(spec, params, dparams, drafter, eos_ids, s), state)
+  return _prefill(spec, params, drafter, prompts, prompt_lens, live, eos_ids, rng, sampling,
+                  max_new, cache, decode=rounds)
 
 
 _COMPILED: dict[tuple, jax.stages.Compiled] = {}

@@ -170,6 +170,7 @@ def _record(method, draft, verify, *, spread=0.1, nodes=4, tps=100.0, tau=2.0):
           "tokens_per_second_repeats": [tps],
           "target_calls": 16, "new_tokens": 32, "outputs": [[1], [2]], "draft_nodes": nodes,
           "t_prefill_ms": 5.0, "t_prefill_spread_ms": 0.1, "t_draft_ms": draft,
+          "prefill_chunks": 2, "prefill_chunks_timed": 1,
           "t_draft_spread_ms": spread, "t_verify_ms": verify, "t_verify_spread_ms": 0.1}
 
 
@@ -198,6 +199,17 @@ def test_unreliable_figures_are_marked_not_clamped():
   assert rows["negative"][8].strip().endswith("?")  # drafting share rests on it
   assert rows["too_fast"][11].strip().endswith("?") and "?" not in rows["too_fast"][5]
   assert rows["too_fast"][12].strip() == "loop_efficiency"
+
+
+def test_bound_with_prefill_scales_the_timed_prefill_by_chunks():
+  """The prefill was timed on a prompt of 2 chunks; the run's 2 prompts took 6 chunks in all:
+  the bound counts 3 timed prefills for both runs (AR: 30 steps after the first tokens; the
+  method: 14 rounds of 6 ms)."""
+  ar, method = _record(AR, 0.0, 4.0, spread=0.0, nodes=0), _record("m", 1.0, 5.0)
+  for r in (ar, method):
+    r.update(prefill_chunks=6, prefill_chunks_timed=2)
+  _finish([ar, method])
+  assert method["ideal_speedup_e2e"] == pytest.approx((3 * 5.0 + 30 * 4.0) / (3 * 5.0 + 14 * 6.0))
 
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"

@@ -20,6 +20,7 @@ import transformers
 from safetensors.numpy import load_file, save_file
 
 import specjax
+from specjax.models import decoder
 from specjax.sampling import SamplingConfig, argmax, process_logits
 from tests.helpers.stats import pooled_chi_square
 
@@ -100,6 +101,39 @@ def test_greedy_matches_transformers(hf_checkpoint, greedy_refs, variant, batch)
         ties.append((i, tie))
   # A tie is a rare float event (gap < 1e-4 on logits of scale ~3); many would mean a real bug.
   assert len(ties) <= 2, ties
+
+
+@pytest.mark.parametrize("variant", GREEDY_VARIANTS)
+def test_chunked_prefill_matches_transformers(hf_checkpoint, variant):
+  """Prompts padded to 192 positions are prefilled in chunks of `PREFILL_CHUNK` (64), as many as
+  the batch's longest prompt needs: rows whose prompt ends inside, at the end of and past the
+  first chunk, in one batch and alone, decode greedily as transformers does on each prompt
+  alone (float ties excepted), and their first token's logits match its last prompt logits."""
+  from specjax import decoding
+  assert 192 % decoding.PREFILL_CHUNK == 0 and decoding.PREFILL_CHUNK < 192
+  ckpt = hf_checkpoint(variant)
+  rng = np.random.default_rng(11)
+  prompts = [rng.integers(0, VOCAB, n).tolist() for n in (63, 64, 65, 130, 20, 190)]
+  refs = [_hf_greedy(ckpt.hf_model, p, 16) for p in prompts]
+  for group in ([0, 1, 2, 3], [4], [5]):
+    result = specjax.generate(ckpt.target, [prompts[i] for i in group], max_new_tokens=16,
+                              pad_to=192)
+    for i, ours in zip(group, result.tokens):
+      _assert_greedy_equal(ours, *refs[i], where=f"prompt {i} (len {len(prompts[i])})")
+  spec, args, _ = decoding._setup(ckpt.target, prompts[:4], 16, decoding.NoDrafter(),
+                                  SamplingConfig(), 0, [], 192)
+  params, _, tokens, lens = args[:4]
+  cfg = spec.config
+  taps = (1, cfg.num_layers)  # what drafters read at init: a layer's output, the final state
+  last, hidden, cache = decoding._prompt_pass(cfg, params, tokens, lens,
+                                              decoding._init_cache(spec, tokens.shape[0]), taps)
+  one_pass = decoder.full_forward(cfg, params, tokens, lens, hidden_layers=taps)
+  for row in range(4):
+    n = len(prompts[row])
+    np.testing.assert_allclose(np.asarray(last[row]), refs[row][1][0], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(hidden[:, row, :n]), np.asarray(one_pass.hidden[:, row,
+                               :n]), rtol=1e-4, atol=1e-4)
+  assert np.asarray(cache.length).tolist() == [0] * tokens.shape[0]
 
 
 # -- 8. EOS and max_new_tokens ------------------------------------------------------------------

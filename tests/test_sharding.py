@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 
 import specjax
-from specjax import assets, decoding, drafters, profiling, sharding
+from specjax import assets, decoding, drafters, hlo, profiling, sharding
 from specjax.drafters import draft_lm
 from specjax.drafters.io import load_drafter
 from specjax.interop.hf import load_target
@@ -36,7 +36,8 @@ from tests.helpers import tiny_targets as tt
 
 MESHES = ("dp=1,tp=8", "dp=2,tp=4", "dp=4,tp=2", "dp=8,tp=1")
 NEW = 24
-PAD = 32
+# Past one prefill chunk (decoding.PREFILL_CHUNK): the programs run the prefill's chunk loop.
+PAD = 128
 
 
 def _prompts(n: int, vocab: int, seed: int) -> list[list[int]]:
@@ -330,6 +331,27 @@ def test_greedy_identical_on_every_mesh(tiny, tiny_reference, name):
       if batch == 8:
         assert got.stats.accepted_by_depth == ref.stats.accepted_by_depth, spec
         assert got.stats.tau == ref.stats.tau, spec
+
+
+@pytest.mark.slow
+def test_no_collective_races_in_any_program(tiny):
+  """Every method's program on both drafter layouts (copied on dp=4,tp=2, split on dp=1,tp=8)
+  orders each loop or branch that communicates against every other collective by data
+  (`specjax.hlo.races`): none can deadlock devices that enter them in different orders. The
+  programs are the matrix's own (compiled there already when it ran first)."""
+  target, built = tiny
+  assert decoding.PREFILL_CHUNK < PAD  # premise: the prefill's chunk loop is in the programs
+  for spec in ("dp=4,tp=2", "dp=1,tp=8"):
+    on_mesh = target.on_mesh(spec)
+    for drafter in built.values():
+      specjax.generate(on_mesh, PROMPTS, max_new_tokens=NEW, drafter=drafter, pad_to=PAD)
+    programs = [p for (s, *_), p in decoding._COMPILED.items()
+                if s.mesh == on_mesh.mesh and s.config == target.config]
+    assert len(programs) >= len(built), spec
+    for program in programs:
+      text = program.as_text()
+      assert "prefill/while" in text, spec
+      assert hlo.races(text) == [], (spec, [str(r) for r in hlo.races(text)])
 
 
 def test_the_matrix_covers_both_drafter_layouts(tiny):
