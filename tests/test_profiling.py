@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import specjax
-from specjax import decoding, drafters
+from specjax import decoding, drafters, hlo
 from specjax.decoding import bucket_length, cache_length, profile_phases
 from specjax.profiling import PARTS, hlo_scopes, kernel_times, scope_of, verify_parts
 from specjax.sampling import SamplingConfig
@@ -156,6 +156,32 @@ def test_profile_phases_figures(target, method):
     assert out["t_draft"] == 0.0 and out["t_draft_spread"] == 0.0
   with pytest.raises(ValueError, match="max_new_tokens must be >= 2, got 1"):
     profile_phases(target, [[1, 2, 3]], drafter=drafter, max_new_tokens=1)
+
+
+@pytest.mark.parametrize("method", ["autoregressive", "ngram", "eagle"])
+def test_profiler_programs_have_no_collective_races(target, method, monkeypatch):
+  """On a mesh the profiler's own programs (the verify loop `profile_phases` times, the loop of
+  whole rounds `round_loop` compiles) order every loop or branch that communicates against the
+  program's other collectives, as `generate`'s do (`specjax.hlo.races`): the n-gram drafter's
+  verify sizes are branches inside them, EAGLE's copied draft reads a gathered table."""
+  from tests.helpers import tiny_targets as tt
+  on_mesh = target.on_mesh("dp=4,tp=2")
+  drafter = {"autoregressive": None, "ngram": drafters.build("ngram", on_mesh, num_tokens=6,
+                                                            verify_sizes=(0, 2)),
+             "eagle": tt.learned_drafter("eagle", on_mesh)}[method]
+  texts = []
+  program = decoding._verify_loop_program
+
+  def spy(*args):
+    texts.append(program.lower(*args).compile().as_text())
+    return program(*args)
+  monkeypatch.setattr(decoding, "_verify_loop_program", spy)
+  prompt = [list(range(1, 21))]
+  profile_phases(on_mesh, prompt, drafter=drafter, max_new_tokens=16, repeats=1, trials=1)
+  texts.append(decoding.round_loop(on_mesh, prompt, drafter=drafter, max_new_tokens=16)[1])
+  assert len(texts) >= 2 if drafter is not None else len(texts) >= 1
+  for text in texts:
+    assert hlo.races(text) == [], [str(r) for r in hlo.races(text)]
 
 
 def _values(tree) -> list[list]:
