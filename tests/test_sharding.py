@@ -4,7 +4,8 @@ The session has 8 CPU devices (tests/conftest.py). What is checked:
   1. mesh specs and the rules: parsing, the KV-head rule, clear errors for what cannot split;
   2. placement is real: each device holds 1/tp of every split weight (its addressable shards)
      and 1/dp of the cache rows, also when loaded straight from safetensors onto a mesh; the
-     compiled decode program gathers no weight matrix and no KV cache;
+     compiled decode program gathers no weight matrix and no KV cache, and every method's
+     program orders each loop that communicates against its other collectives (`hlo.races`);
   3. greedy output on dp=1/tp=8, dp=2/tp=4, dp=4/tp=2 and dp=8/tp=1 equals one device's, for
      autoregressive decoding and every registered drafter family, at batch 1, 4 and 8 with
      unequal prompt lengths (float32), on a tiny target and on the embedded default with its
