@@ -106,7 +106,7 @@ class _Program:
   def __init__(self, hlo: str):
     self.computations = parse(hlo)
     self._communicates: dict[str, bool] = {}
-    self._carried: dict[str, tuple[frozenset[int], frozenset[int]]] = {}
+    self._carried: dict[str, tuple[frozenset[int] | None, frozenset[int]]] = {}
 
   def communicates(self, computation: str) -> bool:
     """Whether `computation` (or one it calls, loops or branches to) holds a collective."""
@@ -122,14 +122,14 @@ class _Program:
     return inst.opcode in CONTROL_FLOW and any(
         self.communicates(c) for names in inst.called.values() for c in names)
 
-  def carried(self, computation: str) -> tuple[frozenset[int], frozenset[int]]:
-    """For a loop body or condition: (the tuple indices it reads, the indices its root passes
-    through unchanged). Everything counts as read when the parameter is used whole."""
+  def carried(self, computation: str) -> tuple[frozenset[int] | None, frozenset[int]]:
+    """For a loop body or condition: (the tuple indices it reads, or None for all of them when
+    it uses its parameter whole; the indices its root passes through unchanged)."""
     if computation not in self._carried:
       self._carried[computation] = self._find_carried(computation)
     return self._carried[computation]
 
-  def _find_carried(self, computation: str) -> tuple[frozenset[int], frozenset[int]]:
+  def _find_carried(self, computation: str) -> tuple[frozenset[int] | None, frozenset[int]]:
     insts = self.computations.get(computation, {})
     params = {n for n, i in insts.items() if i.opcode == "parameter"}
     root = next((i for i in insts.values() if i.root), None)
@@ -137,13 +137,12 @@ class _Program:
     for inst in insts.values():
       for pos, op in enumerate(inst.operands):
         users.setdefault(op, []).append((inst, pos))
-    everything = frozenset(range(1 << 16))
     read: set[int] = set()
     through: set[int] = set()
     for p in params:
       for user, _ in users.get(p, []):
         if user.opcode != "get-tuple-element":
-          return everything, frozenset()
+          return None, frozenset()
         k = user.index
         uses = users.get(user.name, [])
         if root is not None and root.opcode == "tuple" and (root, k) in uses:
@@ -159,8 +158,9 @@ class _Program:
       if given is not None and given.opcode == "tuple":
         body, = inst.called.get("body", ("",))
         cond, = inst.called.get("condition", ("",))
-        read = self.carried(body)[0] | self.carried(cond)[0]
-        return tuple(op for k, op in enumerate(given.operands) if k in read)
+        in_body, in_cond = self.carried(body)[0], self.carried(cond)[0]
+        if in_body is not None and in_cond is not None:
+          return tuple(op for k, op in enumerate(given.operands) if k in in_body | in_cond)
     if inst.opcode == "get-tuple-element" and inst.operands:
       loop = insts.get(inst.operands[0])
       if loop is not None and loop.opcode == "while":
