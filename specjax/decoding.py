@@ -255,7 +255,7 @@ def _prompt_pass(cfg: ModelConfig, params, prompts, prompt_lens, cache: KVCache,
   def chunk_pass(start, cache):
     pos = start + jnp.arange(c, dtype=jnp.int32)
     new_mask = causal[None] & (pos[None, None, :] < prompt_lens[:, None, None])
-    at = jnp.clip(prompt_lens - 1 - start, 0, c - 1)[:, None]  # each row's last prompt token
+    at = jnp.clip(prompt_lens - 1 - start, 0, c - 1)[:, None]  # its logits' row (`chunk`)
     tokens = jax.lax.dynamic_slice_in_dim(prompts, start, c, axis=1)
     return decoder.forward(cfg, params, tokens, jnp.broadcast_to(pos, (b, c)), new_mask,
                            cache.replace(length=jnp.full((b,), start, jnp.int32)),
@@ -265,8 +265,8 @@ def _prompt_pass(cfg: ModelConfig, params, prompts, prompt_lens, cache: KVCache,
     last, hidden, cache = carry
     start = i * c
     out = chunk_pass(start, cache)
-    ends_here = (prompt_lens - 1 - start >= 0) & (prompt_lens - 1 - start < c)
-    last = jnp.where(ends_here[:, None], out.logits[:, 0], last)
+    offset = prompt_lens - 1 - start  # each row's last prompt token, if in this chunk
+    last = jnp.where(((offset >= 0) & (offset < c))[:, None], out.logits[:, 0], last)
     if hidden is not None:
       hidden = jax.lax.dynamic_update_slice_in_dim(hidden, out.hidden, start, axis=2)
     return last, hidden, out.cache
@@ -286,9 +286,10 @@ def _prefill(spec: _Spec, params, drafter, prompts, prompt_lens, live, eos_ids, 
              sampling: SamplingConfig, max_new, cache: KVCache,
              decode: Callable[[Any, DecodeState], DecodeState] | None = None) -> DecodeState:
   """The prompts' forward pass into `cache`, then the drafter's `init`: the state the loop of
-  rounds starts from; rows with `live` False (batch padding) start done. `decode(dparams,
-  state)`, when given (`generate`'s loop of rounds), runs on from that state unless every row is
-  done already; `dparams` are the target params as the drafter reads them.
+  rounds starts from (what tests decode from by hand); rows with `live` False (batch padding)
+  start done. `decode(dparams, state)`, when given (`generate`'s loop of rounds), runs on from
+  that state unless every row is done already; `dparams` are the target params as the drafter
+  reads them.
 
   On a mesh, every loop or branch of the program that communicates is ordered by data against
   every other collective in it: XLA's CPU runtime runs independent operations at the same time,

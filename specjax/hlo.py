@@ -56,20 +56,19 @@ class Race:
 
 
 def _split_operands(text: str) -> tuple[str, tuple[str, ...], str]:
-  """`opcode(operands), attributes` -> (opcode, operand names, attributes)."""
-  m = _OPCODE.search(" " + text)
+  """`type opcode(operands), attributes` -> (opcode, operand names, attributes)."""
+  text = " " + text  # the opcode follows a space, even at the start
+  m = _OPCODE.search(text)
   if m is None:
     return "", (), text
-  start = m.end() - 1  # at the opcode's "(" in " " + text
+  start = end = m.end() - 1  # at the opcode's "("
   depth = 0
-  for end in range(start, len(text) + 1):
-    ch = (" " + text)[end]
-    depth += ch == "("
-    depth -= ch == ")"
+  for end in range(start, len(text)):
+    depth += (text[end] == "(") - (text[end] == ")")
     if depth == 0:
       break
-  inner, rest = (" " + text)[start:end + 1], (" " + text)[end + 1:]
-  return m.group(1), tuple(re.findall(r"%([^\s,()]+)", inner)), rest
+  operands = tuple(re.findall(r"%([^\s,()]+)", text[start:end + 1]))
+  return m.group(1), operands, text[end + 1:]
 
 
 def parse(hlo: str) -> dict[str, dict[str, Instruction]]:

@@ -12,6 +12,7 @@ from specjax import decoding, drafters, hlo
 from specjax.decoding import bucket_length, cache_length, profile_phases
 from specjax.profiling import PARTS, hlo_scopes, kernel_times, scope_of, verify_parts
 from specjax.sampling import SamplingConfig
+from tests.helpers import tiny_targets as tt
 
 
 @pytest.fixture(scope="module")
@@ -164,7 +165,6 @@ def test_profiler_programs_have_no_collective_races(target, method, monkeypatch)
   whole rounds `round_loop` compiles) order every loop or branch that communicates against the
   program's other collectives, as `generate`'s do (`specjax.hlo.races`): the n-gram drafter's
   verify sizes are branches inside them, EAGLE's copied draft reads a gathered table."""
-  from tests.helpers import tiny_targets as tt
   on_mesh = target.on_mesh("dp=4,tp=2")
   drafter = {"ngram": drafters.build("ngram", on_mesh, num_tokens=6, verify_sizes=(0, 2)),
              "eagle": tt.learned_drafter("eagle", on_mesh)}[method]
