@@ -138,6 +138,8 @@ class _Spec:
   # The drafter is copied whole onto every device (`sharding.replicates_drafter`) and reads a
   # whole copy of the target's embedding table.
   copied_drafter: bool = False
+  # The target's forwards read the LM head from a copy laid out [E, V] (`decoder.copies_head`).
+  head_copy: bool = False
 
 
 def bucket_lengths(limit: int) -> list[int]:
@@ -217,6 +219,12 @@ def _constrain(spec: _Spec, state: DecodeState) -> DecodeState:
   return fixed.replace(drafter_state=state.drafter_state, sampling=state.sampling)
 
 
+def _head_kernel(spec: _Spec, params) -> jax.Array | None:
+  """The LM head weight a program's forwards use (`decoder.head_kernel`, None for the model's
+  own): made once, at its top, outside its loops."""
+  return decoder.head_kernel(spec.config, params) if spec.head_copy else None
+
+
 def _drafter_params(spec: _Spec, params):
   """The target params a drafter reads: beside a copied drafter, with a whole copy of the
   embedding table on every device (`sharding.with_whole_embedding`). Programs call it once,
@@ -233,7 +241,7 @@ def prefill_chunks(prompt_len: int, padded_len: int) -> int:
 
 @jax.named_scope("prefill")
 def _prompt_pass(cfg: ModelConfig, params, prompts, prompt_lens, cache: KVCache,
-                 hidden_layers: tuple[int, ...]):
+                 hidden_layers: tuple[int, ...], head_kernel: jax.Array | None = None):
   """The prompts' forward into `cache` (its length left at 0): the logits at each row's last
   prompt token [B, V], the requested hidden states of every prompt position [H, B, P, E] (or
   None) and the cache holding the prompts' K/V at slots [0, P).
@@ -241,14 +249,15 @@ def _prompt_pass(cfg: ModelConfig, params, prompts, prompt_lens, cache: KVCache,
   In chunks of PREFILL_CHUNK positions when P is a multiple of it, in a loop of as many chunks
   as the longest prompt needs: chunk i attends to the slots before it through the cache (as a
   verification attends to the committed prefix) and causally within itself. Slots and hidden
-  states past the last chunk are left as they were (zeros), past every row's prompt."""
+  states past the last chunk are left as they were (zeros), past every row's prompt.
+  `head_kernel`: the LM head weight (`decoder.forward`), None for the model's own."""
   b, p = prompts.shape
   c = PREFILL_CHUNK
   if prefill_chunks(p, p) == 1:
     positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
     out = decoder.forward(cfg, params, prompts, positions, decoder.causal_mask(prompt_lens, p),
                           cache, hidden_layers=hidden_layers,
-                          logits_index=(prompt_lens - 1)[:, None])
+                          logits_index=(prompt_lens - 1)[:, None], head_kernel=head_kernel)
     return out.logits[:, 0], out.hidden, out.cache
   causal = jnp.arange(c)[:, None] >= jnp.arange(c)[None, :]
 
@@ -259,7 +268,8 @@ def _prompt_pass(cfg: ModelConfig, params, prompts, prompt_lens, cache: KVCache,
     tokens = jax.lax.dynamic_slice_in_dim(prompts, start, c, axis=1)
     return decoder.forward(cfg, params, tokens, jnp.broadcast_to(pos, (b, c)), new_mask,
                            cache.replace(length=jnp.full((b,), start, jnp.int32)),
-                           hidden_layers=hidden_layers, logits_index=at)
+                           hidden_layers=hidden_layers, logits_index=at,
+                           head_kernel=head_kernel)
 
   def chunk(i, carry):
     last, hidden, cache = carry
@@ -284,12 +294,14 @@ def _prompt_pass(cfg: ModelConfig, params, prompts, prompt_lens, cache: KVCache,
 
 def _prefill(spec: _Spec, params, drafter, prompts, prompt_lens, live, eos_ids, rng,
              sampling: SamplingConfig, max_new, cache: KVCache,
-             decode: Callable[[Any, DecodeState], DecodeState] | None = None) -> DecodeState:
+             decode: Callable[[Any, DecodeState], DecodeState] | None = None,
+             head_kernel: jax.Array | None = None) -> DecodeState:
   """The prompts' forward pass into `cache`, then the drafter's `init`: the state the loop of
   rounds starts from (what tests decode from by hand); rows with `live` False (batch padding)
   start done. `decode(dparams, state)`, when given (`generate`'s loop of rounds), runs on from
   that state unless every row is done already; `dparams` are the target params as the drafter
-  reads them.
+  reads them. `head_kernel`: the prompt pass's LM head weight (`_head_kernel`), None for the
+  model's own.
 
   On a mesh, every loop or branch of the program that communicates is ordered by data against
   every other collective in it: XLA's CPU runtime runs independent operations at the same time,
@@ -301,7 +313,7 @@ def _prefill(spec: _Spec, params, drafter, prompts, prompt_lens, live, eos_ids, 
   cfg = spec.config
   b, p = prompts.shape
   last, hidden, cache = _prompt_pass(cfg, params, prompts, prompt_lens, cache,
-                                     drafter.hidden_layers)
+                                     drafter.hidden_layers, head_kernel)
   rng, key, _ = jax.random.split(rng, 3)
   first = jax.vmap(lambda k, x: sample(k, x, sampling))(row_keys(key, b), last)
   # A row whose logits are not finite stops at once (`generate` raises for it).
@@ -350,9 +362,11 @@ def _size_index(sizes: tuple[int, ...], tree: trees.Tree, live: jax.Array) -> ja
 
 @jax.named_scope("verify")
 def _verify_phase(spec: _Spec, params, dparams, drafter, eos_ids, tree, s: DecodeState,
-                  accept_key, size: jax.Array | None = None) -> DecodeState:
+                  accept_key, size: jax.Array | None = None,
+                  head_kernel: jax.Array | None = None) -> DecodeState:
   """Verify the tree in one target call, at the smallest of the drafter's verify sizes that
   holds its valid nodes (`size`: an index into those sizes instead, the profiler's choice).
+  `head_kernel`: the target's LM head weight (`_head_kernel`), None for the model's own.
 
   More than one size: one `lax.cond` per size, in a row, whose other branch passes the state
   through; a round runs one verification. (A `lax.switch` over the sizes, or any conditional
@@ -363,23 +377,24 @@ def _verify_phase(spec: _Spec, params, dparams, drafter, eos_ids, tree, s: Decod
     size = _size_index(sizes, tree, ~s.done)
   s = s.replace(size_hist=s.size_hist.at[size].add(1))
   if len(sizes) == 1:
-    return _verify_nodes(spec, params, dparams, drafter, eos_ids, tree, s, accept_key=accept_key)
+    return _verify_nodes(spec, params, dparams, drafter, eos_ids, tree, s, accept_key=accept_key,
+                         head_kernel=head_kernel)
   for i, n in enumerate(sizes):
     s = jax.lax.cond(size == i, functools.partial(
         _verify_nodes, spec, params, dparams, drafter, eos_ids, tree.head(n),
-        accept_key=accept_key), lambda state: state, s)
+        accept_key=accept_key, head_kernel=head_kernel), lambda state: state, s)
   return s
 
 
 def _verify_nodes(spec: _Spec, params, dparams, drafter, eos_ids, tree, s: DecodeState, *,
-                  accept_key) -> DecodeState:
+                  accept_key, head_kernel: jax.Array | None = None) -> DecodeState:
   """Verify [pending | tree] in one target call, accept, commit, append, update the drafter."""
   cfg = spec.config
   b = s.hist_len.shape[0]
   block = jnp.concatenate([s.pending[:, None], tree.tokens], axis=1)  # [B, N+1]
   positions = s.cache.length[:, None] + trees.positions_offsets(tree)
   out = decoder.forward(cfg, params, block, positions, trees.verify_mask(tree), s.cache,
-                        hidden_layers=drafter.hidden_layers)
+                        hidden_layers=drafter.hidden_layers, head_kernel=head_kernel)
   with jax.named_scope("accept"):
     acc = verify.accept(tree, out.logits, s.sampling, accept_key)
 
@@ -415,20 +430,24 @@ def commit_round(cache: KVCache, path: jax.Array, n_emit: jax.Array, *, chain: b
   return cache.advance(n_emit) if chain else cache.commit(path, n_emit)
 
 
-def _round(spec: _Spec, params, dparams, drafter, eos_ids, s: DecodeState) -> DecodeState:
+def _round(spec: _Spec, params, dparams, drafter, eos_ids, s: DecodeState,
+           head_kernel: jax.Array | None = None) -> DecodeState:
   """draft -> verify [pending | tree] in one target call -> accept -> commit -> update."""
   tree, s, accept_key = _draft_phase(spec, dparams, drafter, s)
   return _constrain(spec, _verify_phase(spec, params, dparams, drafter, eos_ids, tree, s,
-                                        accept_key))
+                                        accept_key, head_kernel=head_kernel))
 
 
 def _generate_program(spec: _Spec, params, drafter, prompts, prompt_lens, live, eos_ids, rng,
                       sampling, max_new, cache) -> DecodeState:
+  head = _head_kernel(spec, params)
+
   def rounds(dparams, state: DecodeState) -> DecodeState:
-    return jax.lax.while_loop(lambda s: ~jnp.all(s.done),
-                              lambda s: _round(spec, params, dparams, drafter, eos_ids, s), state)
+    return jax.lax.while_loop(
+        lambda s: ~jnp.all(s.done),
+        lambda s: _round(spec, params, dparams, drafter, eos_ids, s, head), state)
   return _prefill(spec, params, drafter, prompts, prompt_lens, live, eos_ids, rng, sampling,
-                  max_new, cache, decode=rounds)
+                  max_new, cache, decode=rounds, head_kernel=head)
 
 
 _COMPILED: dict[tuple, jax.stages.Compiled] = {}
@@ -576,7 +595,8 @@ def _setup(target: Target, prompts, max_new_tokens: int, drafter, sampling: Samp
   mesh = target.mesh
   copied = sharding.replicates_drafter(drafter, target.params, mesh)
   spec = _Spec(cfg, mesh=mesh, cache_len=cache_length(
-      p, max_new_tokens, drafter.num_nodes, cfg.max_position_embeddings), copied_drafter=copied)
+      p, max_new_tokens, drafter.num_nodes, cfg.max_position_embeddings), copied_drafter=copied,
+      head_copy=decoder.copies_head(cfg, target.platform, drafter.num_nodes + 1))
   n_real = len(ids)
   rows = ids + [ids[-1]] * (batch_rows(n_real, mesh) - n_real)  # pad rows: done
   prompt_arr = np.zeros((len(rows), p), np.int32)
@@ -751,19 +771,18 @@ def _verify_loop_program(spec: _Spec, params, drafter, eos_ids, state: DecodeSta
                          size) -> DecodeState:
   """From a prefilled `state`: one draft, then `n_verify` verify phases of that draft, each at
   the drafter's verify size of index `size` (traced: one program for all of them)."""
-  dparams = _drafter_params(spec, params)
+  dparams, head = _drafter_params(spec, params), _head_kernel(spec, params)
   tree, state, key = _draft_phase(spec, dparams, drafter, state)
   return jax.lax.fori_loop(
-      0, n_verify,
-      lambda i, s: _verify_phase(spec, params, dparams, drafter, eos_ids, tree, s, key, size),
-      state)
+      0, n_verify, lambda i, s: _verify_phase(spec, params, dparams, drafter, eos_ids, tree, s,
+                                              key, size, head), state)
 
 
 def _rounds(spec: _Spec, params, drafter, eos_ids, state: DecodeState, n_round) -> DecodeState:
   """From a prefilled `state`: `n_round` whole rounds (draft, then verify) in a fori loop."""
-  dparams = _drafter_params(spec, params)
+  dparams, head = _drafter_params(spec, params), _head_kernel(spec, params)
   return jax.lax.fori_loop(
-      0, n_round, lambda i, s: _round(spec, params, dparams, drafter, eos_ids, s), state)
+      0, n_round, lambda i, s: _round(spec, params, dparams, drafter, eos_ids, s, head), state)
 
 
 def round_loop(target: Target, prompts, *, drafter: Drafter | None = None,

@@ -102,11 +102,14 @@ def _forward_loop(target: Target, t: int, cache: KVCache, one_logit: bool, repea
   live = cache.length
   mask = decoder.causal_mask(jnp.full((1,), t, jnp.int32), t)
   index = jnp.full((1, 1), t - 1, jnp.int32) if one_logit else None
+  copies = decoder.copies_head(cfg, target.platform, t)  # as `generate` reads it
+  head = decoder.head_kernel(cfg, target.params) if copies else None
 
   def body(c):
     cache, tokens, top = c
     positions = cache.length[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
-    out = decoder.forward(cfg, target.params, tokens, positions, mask, cache, logits_index=index)
+    out = decoder.forward(cfg, target.params, tokens, positions, mask, cache, logits_index=index,
+                          head_kernel=head)
     top = jnp.maximum(top, jnp.max(out.logits).astype(jnp.float32))
     tokens = jnp.where(jnp.isnan(top), 0, tokens)
     length = live + (cache.length - live + 1) % _SHIFTS

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import jax
 from flax import nnx
 
 from specjax import sharding
@@ -72,6 +73,12 @@ class Target:
   @property
   def num_params(self) -> int:
     return decoder.num_params(self.params)
+
+  @property
+  def platform(self) -> str:
+    """The platform its params are on: 'cpu', 'gpu' or 'tpu'."""
+    leaf = jax.tree.leaves(self.params)[0]
+    return next(iter(leaf.sharding.device_set)).platform
 
   def replace(self, **changes) -> Target:
     return dataclasses.replace(self, **changes)

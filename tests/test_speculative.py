@@ -20,6 +20,7 @@ tests.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import numpy as np
@@ -210,6 +211,27 @@ def test_greedy_equals_autoregressive(target, greedy_drafters, ar, name, batch):
     for i, row in zip(group, result.tokens):
       ties += _assert_greedy_equal(target, PROMPTS[i], row, alone[i], f"{name}, prompt {i}")
     _check_stats(result.stats, drafter, batch)
+    hist = np.asarray(result.stats.accepted_by_depth)
+    accepted += int(np.sum(hist * np.arange(len(hist))))
+  assert ties <= 1
+  assert accepted > 0, "no draft node was ever accepted: the test would not exercise acceptance"
+
+
+_TIED_DRAFTERS = ("prompt_lookup_tree", "ngram", "eagle", "dflash_chain")
+
+
+@pytest.mark.parametrize("name", _TIED_DRAFTERS)
+def test_greedy_equals_autoregressive_with_a_tied_head(name):
+  """A tied LM head, which a CPU program reads from a copy of the embedding laid out [E, V]
+  (`decoder.head_kernel`): drafters of each kind (chains, trees, learned heads over the tied
+  table) still emit the autoregressive tokens, 10 prompts one by one."""
+  target = tt.scaled_target(dataclasses.replace(tt.GREEDY_CONFIG, tie_word_embeddings=True), 0)
+  drafter = _GREEDY_DRAFTERS[name][1](target)
+  ties, accepted = 0, 0
+  for prompt in PROMPTS[:BATCH1_PROMPTS]:
+    ref = specjax.generate(target, [prompt], max_new_tokens=NEW, pad_to=PAD).tokens[0]
+    result = specjax.generate(target, [prompt], max_new_tokens=NEW, drafter=drafter, pad_to=PAD)
+    ties += _assert_greedy_equal(target, prompt, result.tokens[0], ref, f"{name} (tied)")
     hist = np.asarray(result.stats.accepted_by_depth)
     accepted += int(np.sum(hist * np.arange(len(hist))))
   assert ties <= 1

@@ -86,17 +86,9 @@ def input_embeddings(cfg: ModelConfig, params: nnx.State) -> jax.Array:
   return layers.scale_embeddings(cfg, table.astype(cfg.compute_jnp_dtype))
 
 
-def target_unembedding(cfg: ModelConfig, params: nnx.State) -> jax.Array:
-  """[E, V] the target's LM head weight (the embedding transposed when tied)."""
-  model = nnx.merge(decoder.graphdef(cfg), params)
-  if cfg.tie_word_embeddings:
-    return model.embed_tokens.embedding[...].T
-  return model.lm_head.kernel[...]
-
-
 def restricted_head(cfg: ModelConfig, params: nnx.State, d2t: jax.Array) -> jax.Array:
   """[E, Vd] the target's LM head over the draft vocabulary (columns d2t)."""
-  return jnp.take(target_unembedding(cfg, params), jnp.asarray(d2t), axis=1)
+  return jnp.take(decoder.unembedding(cfg, params), jnp.asarray(d2t), axis=1)
 
 
 def head_columns(cfg: ModelConfig, params: nnx.State, tokens: jax.Array) -> jax.Array:

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from specjax import sharding
 from specjax.models import attention
 from specjax.models.cache import KVCache
 from specjax.models.config import ModelConfig
@@ -53,21 +54,26 @@ class Decoder(nnx.Module):
                                 dtype=cfg.compute_jnp_dtype, param_dtype=cfg.jnp_dtype,
                                 kernel_init=nnx.initializers.normal(0.02), rngs=rngs)
 
-  def unembed(self, normed: jax.Array) -> jax.Array:
-    """LM head on final-normed states, with Gemma's final soft-capping when set."""
-    if self.config.tie_word_embeddings:
+  def unembed(self, normed: jax.Array, kernel: jax.Array | None = None) -> jax.Array:
+    """LM head on final-normed states, with Gemma's final soft-capping when set. `kernel`: the
+    head's [E, V] weight to use instead of the model's own (`head_kernel`)."""
+    if kernel is not None:
+      normed, kernel = nnx.nn.dtypes.promote_dtype((normed, kernel),
+                                                   dtype=self.config.compute_jnp_dtype)
+      logits = jnp.dot(normed, kernel)
+    elif self.config.tie_word_embeddings:
       logits = self.embed_tokens.attend(normed)
     else:
       logits = self.lm_head(normed)
     return softcap(logits, self.config.final_logit_softcapping)
 
   @jax.named_scope("lm_head")
-  def head(self, x: jax.Array) -> jax.Array:
+  def head(self, x: jax.Array, kernel: jax.Array | None = None) -> jax.Array:
     """Final norm + LM head: [..., E] residual stream -> [..., V] logits."""
-    return self.unembed(self.norm(x))
+    return self.unembed(self.norm(x), kernel)
 
   def __call__(self, tokens, positions, new_mask, cache=None, hidden_layers=(), logits_index=None,
-               num_layers=None):
+               num_layers=None, head_kernel=None):
     cfg = self.config
     num_layers = cfg.num_layers if num_layers is None else num_layers
     attn_fn = attention.get_attention_impl(cfg.attention_impl)
@@ -88,7 +94,7 @@ class Decoder(nnx.Module):
     hidden[num_layers] = self.norm(x)  # HF convention: the last hidden state is normed
     if logits_index is not None:
       x = jnp.take_along_axis(x, logits_index[..., None], axis=1)
-    logits = self.head(x)
+    logits = self.head(x, head_kernel)
     stacked = jnp.stack([hidden[i] for i in hidden_layers]) if hidden_layers else None
     return ForwardOutput(logits, stacked, cache)
 
@@ -122,7 +128,8 @@ def _check_hidden_layers(cfg: ModelConfig, hidden_layers: tuple[int, ...]):
 def forward(cfg: ModelConfig, params: nnx.State, tokens: jax.Array, positions: jax.Array,
             new_mask: jax.Array, cache: KVCache | None = None, *,
             hidden_layers: tuple[int, ...] = (), logits_index: jax.Array | None = None,
-            num_layers: int | None = None) -> ForwardOutput:
+            num_layers: int | None = None, head_kernel: jax.Array | None = None
+            ) -> ForwardOutput:
   """Runs the decoder on T new tokens per row.
 
   tokens, positions: int32[B, T]; new_mask: bool[B, T, T] (query t may see new token j);
@@ -132,6 +139,8 @@ def forward(cfg: ModelConfig, params: nnx.State, tokens: jax.Array, positions: j
   logits_index: optional int32[B, I]: compute logits only at these new-token positions.
   num_layers: run only the first m layers, then the final norm and LM head (layer-skip
   self-speculation); only those layers' cache entries are written.
+  head_kernel: optional [E, V] weight for the LM head in place of the model's own, with the
+  same values (`head_kernel`, made once outside a loop of forwards: `copies_head`).
   The returned cache has the new tokens written at `[length, length + T)`; `length` is unchanged.
   A sliding window (`cfg.sliding_window`) is not applied: the caller keeps every position below
   it (`ModelConfig.check_window`; `generate` and `full_forward` check).
@@ -140,7 +149,36 @@ def forward(cfg: ModelConfig, params: nnx.State, tokens: jax.Array, positions: j
   if num_layers is not None and not 1 <= num_layers <= cfg.num_layers:
     raise ValueError(f"num_layers must be in [1, {cfg.num_layers}], got {num_layers}")
   model = nnx.merge(graphdef(cfg), params)
-  return model(tokens, positions, new_mask, cache, tuple(hidden_layers), logits_index, num_layers)
+  return model(tokens, positions, new_mask, cache, tuple(hidden_layers), logits_index, num_layers,
+               head_kernel)
+
+
+def unembedding(cfg: ModelConfig, params: nnx.State) -> jax.Array:
+  """[E, V] the LM head's weight (the input embedding transposed when tied)."""
+  model = nnx.merge(graphdef(cfg), params)
+  if cfg.tie_word_embeddings:
+    return model.embed_tokens.embedding[...].T
+  return model.lm_head.kernel[...]
+
+
+def copies_head(cfg: ModelConfig, platform: str, rows: int) -> bool:
+  """Whether forwards on `platform` with up to `rows` rows of logits each, in a loop, should
+  read the LM head from a copy laid out [E, V] (`head_kernel`, made once outside the loop).
+
+  Yes for a tied head on a CPU and blocks of several rows (a verification): the head multiplies
+  by the embedding table transposed, and XLA's CPU dot repacks that [V, E] operand at every
+  call, which costs a block of a few rows several times the product itself. One row reads the
+  table as fast either way, so a one-token step keeps the model's own (the copy would only add
+  its transposition); elsewhere (TPU, GPU) the dot reads either layout alike."""
+  return cfg.tie_word_embeddings and platform == "cpu" and rows > 1
+
+
+def head_kernel(cfg: ModelConfig, params: nnx.State) -> jax.Array:
+  """The LM head's weight as `forward(head_kernel=)` takes it: [E, V] in the compute dtype, on a
+  mesh split over the vocabulary as the table is. Its values are the model's own, so the logits
+  are the same function of the weights (`copies_head` says when the copy pays)."""
+  kernel = unembedding(cfg, params).astype(cfg.compute_jnp_dtype)
+  return sharding.constrain(kernel, (None, "vocab"))
 
 
 def lm_head(cfg: ModelConfig, params: nnx.State, normed: jax.Array) -> jax.Array:

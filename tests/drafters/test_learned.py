@@ -221,7 +221,7 @@ def test_recent_tokens_extend_the_draft_vocabulary(target, method):
   np.testing.assert_array_equal(tid[small.size:], ids)
   np.testing.assert_allclose(got[..., :small.size], np.asarray(net.logits(h, reduced.head)),
                              rtol=1e-6, atol=1e-6)
-  unembedding = np.asarray(learned.target_unembedding(target.config, target.params))
+  unembedding = np.asarray(decoder.unembedding(target.config, target.params))
   extra = np.asarray(net.head_input(h)) @ unembedding[:, ids]
   np.testing.assert_allclose(got[..., small.size:][..., live], extra[..., live], rtol=1e-5,
                              atol=1e-5)
@@ -258,7 +258,7 @@ def test_static_trees_rank_recent_tokens_with_the_draft_vocabulary(target, metho
   recent = drafter.recent_vocab(view, ctx)
   ids, live = np.asarray(recent.ids[0]), np.asarray(recent.live[0])
   tokens = np.asarray(tree.tokens[0])
-  unembedding = np.asarray(learned.target_unembedding(target.config, target.params))
+  unembedding = np.asarray(decoder.unembedding(target.config, target.params))
   allowed = np.concatenate([small, ids[live]])
   if method == "medusa":
     heads = learned.merge(medusa.MedusaHeads, drafter.net, drafter.params)

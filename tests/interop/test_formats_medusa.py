@@ -32,6 +32,7 @@ from specjax import sharding
 from specjax.drafters import io, learned, medusa, static_tree
 from specjax.drafters.base import DraftContext, TargetView
 from specjax.interop import formats
+from specjax.models import decoder
 from specjax.sampling import SamplingConfig
 
 torch = pytest.importorskip("torch")
@@ -187,7 +188,7 @@ def test_a_specjax_medusa_is_written_with_the_targets_head(tmp_path, hf):
   io.export_drafter(tmp_path / "out", mine, target, "medusa")
   theirs = io.load_drafter(tmp_path / "out", target)
   assert theirs.net.own_heads and not mine.net.own_heads
-  full = np.asarray(learned.target_unembedding(target.config, target.params))
+  full = np.asarray(decoder.unembedding(target.config, target.params))
   for i in range(mine.net.num_heads):
     np.testing.assert_array_equal(np.asarray(theirs.params["lm_head"][...][i]), full)
   f = jnp.asarray(final.numpy(), jnp.float32)
