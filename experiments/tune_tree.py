@@ -4,9 +4,11 @@
   python -m experiments.tune_tree --method eagle3 --path runs/eagle3_stdlib/export --save
   python -m experiments.tune_tree --method medusa --path specjax/assets/medusa --save  # shipped
 
-Trees trade acceptance (tau) for verification cost, which depends on the hardware: on a 2-core
-CPU a small target's verify step grows with every node, on an accelerator it barely does. The
-sweep runs on held-out stdlib files (never the HumanEval prompts the main table reports), and
+Trees trade acceptance (tau) for verification cost, which depends on the hardware and the
+target's layout: on a 2-core CPU a small target's verify step grows with every node, on an
+accelerator it barely does. The target runs on the main job's mesh (`--mesh auto`: split over
+every core or device it divides into; `--mesh none` for one device). The sweep runs on held-out
+stdlib files (never the HumanEval prompts the main table reports), and
 --save writes the fastest option set into the drafter folder's config.json ("tree"), which
 `load_drafter` uses unless told otherwise, and the sweep with its provenance into the folder's
 tune_tree.json. --save needs an explicit --path: the shipped folders change only when named. The
@@ -19,7 +21,7 @@ import argparse
 import json
 import os
 
-from specjax import cli, compile_cache, metrics, provenance
+from specjax import cli, compile_cache, distributed, metrics, provenance, sharding
 from specjax.benchmark import BenchmarkConfig, sweep_trees
 from specjax.drafters import registry
 
@@ -51,18 +53,23 @@ def main(argv=None):
   parser.add_argument("--path", default=None,
                       help="drafter folder (default: the shipped one; --save needs it named)")
   parser.add_argument("--out", default=None, help="also write the sweep as JSON to this file")
+  parser.add_argument("--mesh", default=sharding.AUTO,
+                      help="the target's mesh: auto (as the main job), none (one device) or a "
+                           "spec such as dp=1,tp=2")
   args = parser.parse_args(argv)
-  compile_cache.from_args(args)
   if args.save and not args.path:
     cli.fail("--save writes into a drafter folder: name it with --path (e.g. --path "
              f"runs/{args.method}_stdlib/export, or --path specjax/assets/{args.method} to "
              "change the shipped default)")
+  mesh = None if args.mesh.lower() == "none" else args.mesh
+  distributed.initialize(cpu_devices=sharding.AUTO if mesh == sharding.AUTO else None)
+  compile_cache.from_args(args)
   candidates = json.loads(args.candidates) if args.candidates else default_candidates(
       args.method)
   if args.path:
     candidates = [dict(c, path=args.path) for c in candidates]
   cfg = BenchmarkConfig(datasets=("stdlib_heldout",), num_prompts=args.num_prompts,
-                        max_new_tokens=args.max_new_tokens, profile_repeats=5)
+                        max_new_tokens=args.max_new_tokens, profile_repeats=5, mesh=mesh)
   records = sweep_trees(args.method, candidates, cfg)
   block = provenance.collect(dict(vars(args), benchmark=cfg))
   print(f"Measured with {provenance.header(block)}")
