@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from specjax import compile_cache, distributed, sharding
+from specjax import cli, compile_cache, sharding
 
 
 def _default_checkpoint(tmp: str) -> str:
@@ -44,12 +44,9 @@ def main(argv=None) -> dict:
   parser.add_argument("--prompt-len", type=int, default=64)
   parser.add_argument("--max-new-tokens", type=int, default=128)
   parser.add_argument("--seed", type=int, default=0)
-  parser.add_argument("--mesh", default=sharding.AUTO,
-                      help="specjax's mesh: auto (every core), none (one device) or a spec")
+  cli.add_mesh_argument(parser)
   args = parser.parse_args(argv)
-  mesh = None if args.mesh.lower() == "none" else args.mesh
-  distributed.initialize(cpu_devices=sharding.AUTO if mesh == sharding.AUTO else None)
-  compile_cache.from_args(args)
+  mesh = cli.mesh_from_args(args)
 
   import torch
   import transformers

@@ -28,7 +28,7 @@ import argparse
 import numpy as np
 
 import specjax
-from specjax import assets, compile_cache, distributed, drafters, sharding
+from specjax import assets, cli, compile_cache, drafters, sharding
 from specjax.benchmark import oracle_roofline
 from specjax.metrics import markdown_table
 from specjax.profiling import PARTS, kernel_times, random_chain, verify_parts
@@ -134,13 +134,9 @@ def main(argv=None):
   parser.add_argument("--kernels", default="autoregressive,chain8,eagle",
                       help="rounds whose kernels to profile: autoregressive, chainN (an oracle "
                       "chain of N) or a drafter available for the target ('' skips it)")
-  parser.add_argument("--mesh", default=None,
-                      help="lay each target out on this mesh ('auto': over every core or device "
-                      "it divides into, `specjax.sharding.auto_mesh`; 'dp=1,tp=2', ...); default: "
-                      "one device")
+  cli.add_mesh_argument(parser, default=None, help_default="one device")
   args = parser.parse_args(argv)
-  distributed.initialize(cpu_devices=sharding.AUTO if args.mesh == sharding.AUTO else None)
-  compile_cache.from_args(args)
+  mesh = cli.mesh_from_args(args)
   chains = [int(c) for c in args.chains.split(",") if c]
   sizes = [int(t) for t in args.parts.split(",") if t]
   kernel_specs = [k for k in args.kernels.split(",") if k]
@@ -150,8 +146,8 @@ def main(argv=None):
     else:
       target = specjax.load_target(assets.TARGET_DIR if name == "embedded" else name,
                                    dtype=args.dtype, compute_dtype=args.compute_dtype)
-    if args.mesh is not None:
-      target = target.on_mesh(args.mesh)
+    if mesh is not None:
+      target = target.on_mesh(mesh)
       name += f" on {sharding.describe(target.mesh)}"
     if chains:
       roofline(target, name, chains, args.prompt_len, args.max_new_tokens, args.repeats)

@@ -21,7 +21,7 @@ import argparse
 import json
 import os
 
-from specjax import cli, compile_cache, distributed, metrics, provenance, sharding
+from specjax import cli, compile_cache, metrics, provenance
 from specjax.benchmark import BenchmarkConfig, sweep_trees
 from specjax.drafters import registry
 
@@ -53,17 +53,13 @@ def main(argv=None):
   parser.add_argument("--path", default=None,
                       help="drafter folder (default: the shipped one; --save needs it named)")
   parser.add_argument("--out", default=None, help="also write the sweep as JSON to this file")
-  parser.add_argument("--mesh", default=sharding.AUTO,
-                      help="the target's mesh: auto (as the main job), none (one device) or a "
-                           "spec such as dp=1,tp=2")
+  cli.add_mesh_argument(parser)  # auto, as the main job
   args = parser.parse_args(argv)
   if args.save and not args.path:
     cli.fail("--save writes into a drafter folder: name it with --path (e.g. --path "
              f"runs/{args.method}_stdlib/export, or --path specjax/assets/{args.method} to "
              "change the shipped default)")
-  mesh = None if args.mesh.lower() == "none" else args.mesh
-  distributed.initialize(cpu_devices=sharding.AUTO if mesh == sharding.AUTO else None)
-  compile_cache.from_args(args)
+  mesh = cli.mesh_from_args(args)
   candidates = json.loads(args.candidates) if args.candidates else default_candidates(
       args.method)
   if args.path:

@@ -3,6 +3,9 @@ the multi-process flags `--coordinator`, `--num-processes`, `--process-id`, the 
 `--cpu-devices N|auto` (`specjax.distributed`) and the persistent compilation cache's
 `--compile-cache DIR` / `--no-compile-cache` (`specjax.compile_cache`, on by default).
 
+Entry points without a config that lay a target on a mesh take `--mesh` (`add_mesh_argument`,
+`mesh_from_args`).
+
 A config problem (a bad `--set` item, an unknown field, a value the config refuses) or
 inconsistent multi-process flags are a usage error: one line `error: <message>` on stderr and
 exit status 2, before any work starts. `load_from_args` joins the processes of a multi-process
@@ -73,6 +76,26 @@ def load_from_args(args: argparse.Namespace, extra_overrides: Sequence[str] = ()
   except ValueError as e:
     fail(str(e))
   return cfg
+
+
+def add_mesh_argument(parser: argparse.ArgumentParser, default: str | None = sharding.AUTO,
+                      help_default: str = "auto") -> None:
+  """`--mesh`: where a target is laid out: 'auto' (over every core or device it divides into,
+  `sharding.auto_mesh`), 'none' (one device) or a spec such as 'dp=1,tp=2'."""
+  parser.add_argument("--mesh", default=default,
+                      help="the target's mesh: auto (over every core or device it divides into), "
+                           "none (one device) or a spec such as dp=1,tp=2 "
+                           f"(default: {help_default})")
+
+
+def mesh_from_args(args: argparse.Namespace) -> str | None:
+  """The mesh `--mesh` names (None for one device), with JAX started on one CPU device per core
+  for 'auto' (`distributed.initialize`), then the compilation cache on (`compile_cache.from_args`):
+  call it before any JAX computation."""
+  mesh = None if args.mesh is None or args.mesh.lower() == "none" else args.mesh
+  distributed.initialize(cpu_devices=sharding.AUTO if mesh == sharding.AUTO else None)
+  compile_cache.from_args(args)
+  return mesh
 
 
 def fail(message: str) -> NoReturn:

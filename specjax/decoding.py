@@ -220,8 +220,9 @@ def _constrain(spec: _Spec, state: DecodeState) -> DecodeState:
 
 
 def _head_kernel(spec: _Spec, params) -> jax.Array | None:
-  """The LM head weight a program's forwards use (`decoder.head_kernel`, None for the model's
-  own): made once, at its top, outside its loops."""
+  """The LM head weight a program's verifications use (`decoder.head_kernel`, None for the
+  model's own): made once, before its loop of rounds. The prompt pass keeps the model's own (its
+  logits are one row per chunk)."""
   return decoder.head_kernel(spec.config, params) if spec.head_copy else None
 
 
@@ -241,7 +242,7 @@ def prefill_chunks(prompt_len: int, padded_len: int) -> int:
 
 @jax.named_scope("prefill")
 def _prompt_pass(cfg: ModelConfig, params, prompts, prompt_lens, cache: KVCache,
-                 hidden_layers: tuple[int, ...], head_kernel: jax.Array | None = None):
+                 hidden_layers: tuple[int, ...]):
   """The prompts' forward into `cache` (its length left at 0): the logits at each row's last
   prompt token [B, V], the requested hidden states of every prompt position [H, B, P, E] (or
   None) and the cache holding the prompts' K/V at slots [0, P).
@@ -249,15 +250,14 @@ def _prompt_pass(cfg: ModelConfig, params, prompts, prompt_lens, cache: KVCache,
   In chunks of PREFILL_CHUNK positions when P is a multiple of it, in a loop of as many chunks
   as the longest prompt needs: chunk i attends to the slots before it through the cache (as a
   verification attends to the committed prefix) and causally within itself. Slots and hidden
-  states past the last chunk are left as they were (zeros), past every row's prompt.
-  `head_kernel`: the LM head weight (`decoder.forward`), None for the model's own."""
+  states past the last chunk are left as they were (zeros), past every row's prompt."""
   b, p = prompts.shape
   c = PREFILL_CHUNK
   if prefill_chunks(p, p) == 1:
     positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
     out = decoder.forward(cfg, params, prompts, positions, decoder.causal_mask(prompt_lens, p),
                           cache, hidden_layers=hidden_layers,
-                          logits_index=(prompt_lens - 1)[:, None], head_kernel=head_kernel)
+                          logits_index=(prompt_lens - 1)[:, None])
     return out.logits[:, 0], out.hidden, out.cache
   causal = jnp.arange(c)[:, None] >= jnp.arange(c)[None, :]
 
@@ -268,8 +268,7 @@ def _prompt_pass(cfg: ModelConfig, params, prompts, prompt_lens, cache: KVCache,
     tokens = jax.lax.dynamic_slice_in_dim(prompts, start, c, axis=1)
     return decoder.forward(cfg, params, tokens, jnp.broadcast_to(pos, (b, c)), new_mask,
                            cache.replace(length=jnp.full((b,), start, jnp.int32)),
-                           hidden_layers=hidden_layers, logits_index=at,
-                           head_kernel=head_kernel)
+                           hidden_layers=hidden_layers, logits_index=at)
 
   def chunk(i, carry):
     last, hidden, cache = carry
@@ -294,14 +293,12 @@ def _prompt_pass(cfg: ModelConfig, params, prompts, prompt_lens, cache: KVCache,
 
 def _prefill(spec: _Spec, params, drafter, prompts, prompt_lens, live, eos_ids, rng,
              sampling: SamplingConfig, max_new, cache: KVCache,
-             decode: Callable[[Any, DecodeState], DecodeState] | None = None,
-             head_kernel: jax.Array | None = None) -> DecodeState:
+             decode: Callable[[Any, DecodeState], DecodeState] | None = None) -> DecodeState:
   """The prompts' forward pass into `cache`, then the drafter's `init`: the state the loop of
   rounds starts from (what tests decode from by hand); rows with `live` False (batch padding)
   start done. `decode(dparams, state)`, when given (`generate`'s loop of rounds), runs on from
   that state unless every row is done already; `dparams` are the target params as the drafter
-  reads them. `head_kernel`: the prompt pass's LM head weight (`_head_kernel`), None for the
-  model's own.
+  reads them.
 
   On a mesh, every loop or branch of the program that communicates is ordered by data against
   every other collective in it: XLA's CPU runtime runs independent operations at the same time,
@@ -313,7 +310,7 @@ def _prefill(spec: _Spec, params, drafter, prompts, prompt_lens, live, eos_ids, 
   cfg = spec.config
   b, p = prompts.shape
   last, hidden, cache = _prompt_pass(cfg, params, prompts, prompt_lens, cache,
-                                     drafter.hidden_layers, head_kernel)
+                                     drafter.hidden_layers)
   rng, key, _ = jax.random.split(rng, 3)
   first = jax.vmap(lambda k, x: sample(k, x, sampling))(row_keys(key, b), last)
   # A row whose logits are not finite stops at once (`generate` raises for it).
@@ -440,14 +437,13 @@ def _round(spec: _Spec, params, dparams, drafter, eos_ids, s: DecodeState,
 
 def _generate_program(spec: _Spec, params, drafter, prompts, prompt_lens, live, eos_ids, rng,
                       sampling, max_new, cache) -> DecodeState:
-  head = _head_kernel(spec, params)
-
   def rounds(dparams, state: DecodeState) -> DecodeState:
+    head = _head_kernel(spec, params)  # once, before the loop
     return jax.lax.while_loop(
         lambda s: ~jnp.all(s.done),
         lambda s: _round(spec, params, dparams, drafter, eos_ids, s, head), state)
   return _prefill(spec, params, drafter, prompts, prompt_lens, live, eos_ids, rng, sampling,
-                  max_new, cache, decode=rounds, head_kernel=head)
+                  max_new, cache, decode=rounds)
 
 
 _COMPILED: dict[tuple, jax.stages.Compiled] = {}
