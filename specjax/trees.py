@@ -107,10 +107,18 @@ def ancestor_mask(tree: Tree) -> jax.Array:
 
   Invalid nodes see nothing but themselves. Computed as the reflexive-transitive closure of the
   parent relation by repeated boolean squaring: after k squarings the mask covers ancestors up to
-  2^k steps away, and no path is longer than N (ceil(log2 N) matmuls, no sequential scan).
+  2^k steps away, and no path is longer than N (ceil(log2 N) matmuls, no sequential scan). A
+  chain's closure is a comparison of prefix counts of its invalid nodes.
   """
   b, n = tree.tokens.shape
   eye = jnp.eye(n, dtype=bool)
+  if tree.chain:
+    # Node i reaches node j < i iff every node in (j, i] is valid (each step up leaves a valid
+    # node): the same closure in closed form, with no matmuls on the verify path.
+    gaps = jnp.cumsum(~tree.valid, axis=1, dtype=jnp.int32)  # [B, N] invalid nodes up to i
+    idx = jnp.arange(n)
+    below = idx[:, None] > idx[None, :]  # [i, j]: j < i
+    return eye | (below & (gaps[:, :, None] == gaps[:, None, :]))
   edge = tree.parent[:, :, None] == jnp.arange(n, dtype=jnp.int32)  # [B, N, N] i -> parent(i)
   reach = eye | (edge & tree.valid[:, :, None])
   for _ in range(math.ceil(math.log2(n)) if n > 1 else 0):

@@ -129,11 +129,16 @@ def draw_bonus(residual: jax.Array, keys: jax.Array, greedy: bool) -> jax.Array:
   return jax.vmap(jax.random.categorical)(keys, jnp.log(residual)).astype(jnp.int32)
 
 
-def _assemble(tokens: jax.Array, accepted: jax.Array, bonus: jax.Array) -> Acceptance:
-  """Packs the accepted nodes (a root-to-leaf chain, hence in index order) and the bonus."""
+def _assemble(tokens: jax.Array, accepted: jax.Array, bonus: jax.Array, *,
+              chain: bool = False) -> Acceptance:
+  """Packs the accepted nodes (a root-to-leaf chain, hence in index order) and the bonus. In a
+  chain (`Tree.chain`) the accepted nodes are already the first ones."""
   b, n = tokens.shape
   n_acc = jnp.sum(accepted, axis=-1, dtype=jnp.int32)
-  order = jnp.argsort(~accepted, axis=-1, stable=True)  # accepted node indices first, in order
+  if chain:
+    order = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (b, n))
+  else:  # accepted node indices first, in order
+    order = jnp.argsort(~accepted, axis=-1, stable=True)
   on_path = jnp.arange(n)[None, :] < n_acc[:, None]
   rows = jnp.where(on_path, order + 1, 0).astype(jnp.int32)
   toks = jnp.where(on_path, jnp.take_along_axis(tokens, order, axis=-1), 0).astype(jnp.int32)
@@ -153,7 +158,7 @@ def accept_with_uniforms(tree: Tree, p: jax.Array, uniforms: jax.Array, bonus_ke
   _check_shapes(tree, p)
   accepted, _, residual = walk(tree, p, uniforms)
   bonus = draw_bonus(residual, row_keys(bonus_key, tree.batch_size), greedy)
-  return _assemble(tree.tokens, accepted, bonus)
+  return _assemble(tree.tokens, accepted, bonus, chain=tree.chain)
 
 
 @jax.jit
@@ -187,6 +192,10 @@ def accept_greedy(tree: Tree, logits: jax.Array) -> Acceptance:
   """
   b, n = tree.tokens.shape
   want = argmax(logits)  # [B, N+1] argmax after each block row
+  if tree.chain:  # node i's parent row is row i; the accepted nodes are the matching prefix
+    accepted = jnp.cumprod(tree.valid & (tree.tokens == want[:, :n]), axis=1).astype(bool)
+    bonus = jnp.take_along_axis(want, jnp.sum(accepted, axis=1)[:, None], axis=1)[:, 0]
+    return _assemble(tree.tokens, accepted, bonus, chain=True)
   match = tree.valid & (tree.tokens == jnp.take_along_axis(want, tree.parent + 1, axis=1))
   idx = jnp.arange(n)
   earlier_sibling = ((tree.parent[:, :, None] == tree.parent[:, None, :])

@@ -244,6 +244,21 @@ def test_deep_chain_mask_is_lower_triangular():
   np.testing.assert_array_equal(trees.ancestor_mask(tree), np.tril(np.ones((2, 40, 40), bool)))
 
 
+@pytest.mark.parametrize("n", [1, 2, 7, 16])
+def test_chain_closed_form_equals_the_closure(n):
+  """A chain's ancestor mask (closed form, `Tree.chain`) equals the general squaring closure of
+  the same parents, with invalid nodes anywhere along it (after an invalid node, the nodes below
+  it reach only as far up as that node)."""
+  rng = np.random.default_rng(n)
+  tokens = rng.integers(0, 5, (64, n))
+  valid = rng.random((64, n)) < 0.8
+  tree = trees.chain(tokens, valid=valid)
+  general = Tree(tree.tokens, tree.parent, tree.depth, tree.valid)  # same tree, chain=False
+  assert tree.chain and not general.chain
+  np.testing.assert_array_equal(trees.ancestor_mask(tree), trees.ancestor_mask(general))
+  np.testing.assert_array_equal(trees.verify_mask(tree), trees.verify_mask(general))
+
+
 def test_empty_tree():
   """N = 0 (autoregressive decoding): shapes [B, 0], the root sees itself, positions [0]."""
   tree = Tree.empty(3)

@@ -572,6 +572,25 @@ def test_greedy_shortcut_equals_the_scan():
     np.testing.assert_array_equal(getattr(fast, name), getattr(scan, name), err_msg=name)
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_chain_shortcuts_equal_the_general_tree(temperature):
+  """A chain (`Tree.chain`) is accepted by prefix (greedy: the matching prefix; both: no sort to
+  pack the path): every field equals the general tree code's on the same nodes, with invalid
+  nodes and argmax ties, greedy and sampled (same keys)."""
+  rng = np.random.default_rng(12)
+  v, b, n = 3, 300, 7
+  tokens = rng.integers(0, v, (b, n))
+  chain = trees.chain(tokens, valid=rng.random((b, n)) < 0.9)
+  general = Tree(chain.tokens, chain.parent, chain.depth, chain.valid)
+  logits = jnp.asarray(rng.integers(0, 3, (b, n + 1, v)).astype(np.float32))
+  sampling, key = SamplingConfig(temperature=temperature), jax.random.key(3)
+  fast, slow = verify.accept(chain, logits, sampling, key), verify.accept(general, logits,
+                                                                         sampling, key)
+  for name in ("n_accepted", "path", "tokens", "accepted_node"):
+    np.testing.assert_array_equal(getattr(fast, name), getattr(slow, name), err_msg=name)
+  assert len(np.unique(fast.n_accepted)) >= 4
+
+
 def _random_paths(rng, n, max_depth=4):
   paths, kids = [], {(): 0}
   for _ in range(n):
