@@ -7,11 +7,13 @@ are the baselines every speculative method is later compared with.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import shutil
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -20,6 +22,7 @@ import transformers
 from safetensors.numpy import load_file, save_file
 
 import specjax
+from specjax import sharding
 from specjax.models import decoder
 from specjax.sampling import SamplingConfig, argmax, process_logits
 from tests.helpers.stats import pooled_chi_square
@@ -295,20 +298,27 @@ def test_process_logits_top_k_keeps_ties():
 
 
 
-def test_argmax_equals_jnp_argmax_with_ties_infs_and_nans():
+@pytest.mark.parametrize("mesh", [None, "dp=4,tp=2", "dp=2,tp=4", "dp=1,tp=8"])
+def test_argmax_equals_jnp_argmax_with_ties_infs_and_nans(mesh):
   """`sampling.argmax` (the decode path's) is `jnp.argmax` exactly: first index of the maximum
-  among ties, -inf / +inf rows, and the first NaN when a row has one (never out of range)."""
+  among ties, -inf / +inf rows, and the first NaN when a row has one (never out of range); also
+  traced under meshes that split the vocabulary (each shard reduces its slice, then one
+  all-gather), with ties, infinities and NaNs across shard boundaries, and in bfloat16."""
   rng = np.random.default_rng(0)
-  x = rng.integers(-3, 4, size=(64, 37)).astype(np.float32)  # many ties
+  x = rng.integers(-3, 4, size=(64, 40)).astype(np.float32)  # many ties, in every slice
   x[0] = -np.inf
   x[1, 5] = x[1, 20] = np.inf
   x[2, 7] = x[2, 30] = np.nan
   x[3] = np.nan
-  x[4, 36] = 100.0
-  rows = rng.standard_normal((3, 5, 8192)).astype(np.float32)
-  for a in (x, rows):
-    np.testing.assert_array_equal(np.asarray(argmax(jnp.asarray(a))),
-                                  np.asarray(jnp.argmax(jnp.asarray(a), axis=-1)))
+  x[4, 39] = 100.0
+  x[5, 24] = x[5, 4] = 9.0  # the tie's first index is in an earlier slice
+  x[6, 33] = np.nan  # a NaN in the last slice only
+  rows = rng.standard_normal((4, 5, 8192)).astype(np.float32)
+  with contextlib.nullcontext() if mesh is None else jax.set_mesh(sharding.make_mesh(mesh)):
+    ours = jax.jit(argmax)
+    for a in (x, rows, rows.astype(jnp.bfloat16)):
+      np.testing.assert_array_equal(np.asarray(ours(jnp.asarray(a))),
+                                    np.asarray(jnp.argmax(jnp.asarray(a), axis=-1)))
 
 
 # -- 10. compiled program reuse ------------------------------------------------------------------
