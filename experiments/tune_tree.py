@@ -12,7 +12,9 @@ stdlib files (never the HumanEval prompts the main table reports), and
 --save writes the fastest option set into the drafter folder's config.json ("tree"), which
 `load_drafter` uses unless told otherwise, and the sweep with its provenance into the folder's
 tune_tree.json. --save needs an explicit --path: the shipped folders change only when named. The
-candidates are the family's own grid (`Family.tune_grid`) unless --candidates names others.
+candidates are the family's own grid (`Family.tune_grid`) unless --candidates names others, each
+with the folder's recorded draft vocabulary size (`draft_vocab`) unless --draft-vocab names sizes
+to cross them with (e.g. 2048,1024,512).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import os
 
 from specjax import cli, compile_cache, metrics, provenance
 from specjax.benchmark import BenchmarkConfig, sweep_trees
-from specjax.drafters import registry
+from specjax.drafters import io, registry
 
 # The history's recent tokens join the draft vocabulary each round at almost no cost
 # (`recent_tokens`): every candidate gets them.
@@ -34,6 +36,15 @@ RESULTS = "tune_tree.json"
 def default_candidates(method: str) -> list[dict]:
   """The family's own grid (`Family.tune_grid`), each with RECENT_TOKENS recent tokens."""
   return [dict(c, recent_tokens=RECENT_TOKENS) for c in registry.family(method).tune_grid()]
+
+
+def recorded_draft_vocab(folder: str) -> int | None:
+  """The draft vocabulary size a specjax drafter folder records as its default (`draft_vocab`,
+  kept when its tree is tuned again), or None."""
+  try:
+    return io.read_config(folder).get("tree", {}).get("draft_vocab")
+  except (OSError, ValueError):  # a published layout records none
+    return None
 
 
 def _ms(r: dict, name: str) -> str:
@@ -52,6 +63,10 @@ def main(argv=None):
                       help="write the fastest options into the --path folder as its default")
   parser.add_argument("--path", default=None,
                       help="drafter folder (default: the shipped one; --save needs it named)")
+  parser.add_argument("--draft-vocab", default=None,
+                      help="comma-separated draft vocabulary sizes crossed with the candidates "
+                           "(draft_vocab: the most frequent ids only); default: the folder's "
+                           "recorded one, else the whole vocabulary")
   parser.add_argument("--out", default=None, help="also write the sweep as JSON to this file")
   cli.add_mesh_argument(parser)  # auto, as the main job
   args = parser.parse_args(argv)
@@ -62,6 +77,10 @@ def main(argv=None):
   mesh = cli.mesh_from_args(args)
   candidates = json.loads(args.candidates) if args.candidates else default_candidates(
       args.method)
+  sizes = ([int(x) for x in args.draft_vocab.split(",")] if args.draft_vocab
+           else [recorded_draft_vocab(args.path or io.asset_dir(args.method))])
+  candidates = [dict(c, **({} if k is None else {"draft_vocab": k}))
+                for c in candidates for k in sizes]
   if args.path:
     candidates = [dict(c, path=args.path) for c in candidates]
   cfg = BenchmarkConfig(datasets=("stdlib_heldout",), num_prompts=args.num_prompts,
@@ -88,7 +107,6 @@ def main(argv=None):
     with open(out, "w") as f:
       json.dump(summary, f, indent=1, allow_nan=False)
   if args.save:
-    from specjax.drafters import io
     io.set_default_tree(args.path, **summary["best"])
     print(f"saved as the default tree of {args.path} (sweep in {RESULTS})")
 

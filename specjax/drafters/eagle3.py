@@ -87,6 +87,10 @@ class Eagle3Family(eagle_common.EagleFamily):
     n = target_cfg.num_layers
     return (max(1, n // 3), max(1, 2 * n // 3), n)
 
+  def shrink_vocab(self, net, params, size):
+    net, params = super().shrink_vocab(net, params, size)
+    return net, learned.map_leaf(params, "lm_head/kernel", lambda k: k[:, :size])  # [E, Vd]
+
   def make_config(self, target_cfg, *, draft_vocab_size, num_features, **_) -> Eagle3Config:
     return Eagle3Config(target_cfg.replace(num_layers=1, attention_impl="xla",
                                            compute_dtype=target_cfg.dtype),

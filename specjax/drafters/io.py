@@ -27,7 +27,7 @@ from flax import nnx
 from safetensors import SafetensorError, safe_open
 from safetensors.flax import save_file
 
-from specjax import assets, config_utils, sharding
+from specjax import assets, checks, config_utils, sharding
 from specjax.drafters import learned, registry
 from specjax.interop.tokenizer import tokenizer_fingerprint
 from specjax.models.config import ModelConfig
@@ -141,9 +141,12 @@ def load_drafter(path: str | os.PathLike, target, *, format: str | None = None,
   (`specjax.sharding.place_drafter`).
 
   format: the folder's layout, "specjax" or a published one (`specjax.interop.formats`: eagle3,
-    eagle, medusa, dflash); default: detected from the folder."""
+    eagle, medusa, dflash); default: detected from the folder.
+  draft_vocab (among the options, or a default the folder records): draft over only the first
+    that many draft ids (`shrink_vocab`)."""
   read = read_drafter(path, target, format=format)
   options = {**read.tree, **{k: v for k, v in tree_options.items() if v is not None}}
+  read = shrink_vocab(read, options.pop("draft_vocab", None))
   drafter = family(read.method).assemble(read.net, read.params, jnp.asarray(read.d2t), target,
                                          read.hidden_layers, **options)
   return _placed(drafter, target)
@@ -180,6 +183,27 @@ def read_drafter(path: str | os.PathLike, target, *, format: str | None = None):
   return formats.Converted(method=config["method"], net=net, params=params, d2t=d2t,
                            hidden_layers=hidden_layers, tree=dict(config.get("tree", {})),
                            source={"format": formats.SPECJAX, "path": os.fspath(path)})
+
+
+def shrink_vocab(read, size: int | None):
+  """A read drafter (`read_drafter`) that drafts over only its first `size` draft ids: its
+  d2t's prefix, and the family's head over them (`Family.shrink_vocab`). The vocabulary is
+  stored most frequent first (`learned.draft_vocab_from_counts`), so the prefix keeps the ids
+  the drafter proposes most: every draft step's head reads fewer columns, while the round's
+  recent tokens (`recent_tokens`) still reach the ids left out. None keeps the whole vocabulary.
+  A vocabulary in id order (a published EAGLE-3's, say) has no such prefix: an error."""
+  if size is None:
+    return read
+  vd = int(read.d2t.size)
+  size = checks.integer("draft_vocab", size, lo=1, hi=vd)
+  if size == vd:
+    return read
+  if np.all(np.diff(read.d2t) > 0):
+    raise ValueError(f"draft_vocab={size}: this drafter's vocabulary of {vd} ids is in id "
+                     "order, not most frequent first, so none of its prefixes is its most "
+                     "frequent ids")
+  net, params = family(read.method).shrink_vocab(read.net, read.params, size)
+  return dataclasses.replace(read, net=net, params=params, d2t=read.d2t[:size])
 
 
 def _placed(drafter, target):

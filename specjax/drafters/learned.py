@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
 
-from specjax import checks
+from specjax import checks, sharding
 from specjax.drafters.base import TargetFacts
 from specjax.models import decoder, layers
 from specjax.models.config import ModelConfig
@@ -237,6 +237,12 @@ def with_recent(logits: jax.Array, head_input: jax.Array, recent: RecentVocab | 
   return jnp.concatenate([logits, jnp.where(live, extra, -jnp.inf)], axis=-1)
 
 
+def map_leaf(params: nnx.State, path: str, fn: Callable[[jax.Array], jax.Array]) -> nnx.State:
+  """`params` with the leaf at `path` (e.g. "lm_head/kernel") replaced by fn(leaf)."""
+  return jax.tree_util.tree_map_with_path(
+      lambda p, x: fn(x) if sharding.path_str(p) == path else x, params)
+
+
 def draft_logprobs(logits: jax.Array) -> jax.Array:
   """float32 log-softmax over the draft vocabulary: the scores trees are built from."""
   return jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
@@ -314,6 +320,15 @@ class Family(abc.ABC):
                   **options):
     """The network config for a target; `options` are the family's training options (defaults
     when building an untrained drafter)."""
+
+  def shrink_vocab(self, net, params: nnx.State, size: int) -> tuple[Any, nnx.State]:
+    """(net, params) drafting over the first `size` draft ids (`load_drafter(draft_vocab=)`).
+    A family that drafts through the target's head keeps its network (the head is restricted
+    to the shorter d2t when assembled); a config's `draft_vocab_size` follows. A family with
+    its own head over the draft vocabulary also keeps that head's first `size` columns."""
+    if getattr(net, "draft_vocab_size", 0):
+      net = dataclasses.replace(net, draft_vocab_size=size)
+    return net, params
 
   def init_params(self, net, target, d2t, seed: int) -> nnx.State:
     """Training's starting point (default: the module's own initialisation)."""

@@ -119,6 +119,12 @@ class MedusaFamily(static_tree.StaticTreeFamily):
     logits = jnp.moveaxis(heads.logits(h[:, :, :num_steps], x.head), 2, 0)  # [S, B, T, Vd]
     return logits, jnp.zeros((), jnp.float32)
 
+  def shrink_vocab(self, net, params, size):
+    net, params = super().shrink_vocab(net, params, size)
+    if net.own_heads:
+      params = learned.map_leaf(params, "lm_head", lambda k: k[..., :size])  # [K, E, Vd]
+    return net, params
+
   def draft_head(self, net, target, d2t):
     """The target's LM head over the draft vocabulary; None with own LM heads."""
     if not net.own_heads:

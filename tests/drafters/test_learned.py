@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -26,7 +27,7 @@ import numpy as np
 import pytest
 
 import specjax
-from specjax import assets, decoding, drafters, trees
+from specjax import assets, decoding, drafters, sharding, trees
 from specjax.drafters import eagle_common, io, learned, medusa
 from specjax.drafters.base import DraftContext, TargetView
 from specjax.models import decoder
@@ -415,3 +416,54 @@ def test_shipped_drafters_are_lossless_and_accept(embedded, embedded_ar, method)
   single = specjax.generate(embedded, _code_prompts()[:1], max_new_tokens=64, pad_to=32,
                             drafter=drafter)
   assert single.tokens[0] == embedded_ar[0]
+
+
+# ------------------------------------------------------------------------------------------------
+# 5. A shorter draft vocabulary
+
+
+def _leaves(params):
+  return {sharding.path_str(p): np.asarray(x)
+          for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
+
+
+@pytest.mark.parametrize("method", LEARNED)
+def test_a_shorter_draft_vocabulary_is_the_prefix(embedded, embedded_ar, method):
+  """`draft_vocab=k` drafts over the first k ids of the shipped (most frequent first)
+  vocabulary: its d2t and head are the whole drafter's first k (the target's columns, or
+  EAGLE-3's own head's), every other weight is the same, and greedy output is still
+  autoregressive decoding's."""
+  whole = drafters.build(method, embedded, draft_vocab=2048)  # the shipped folders' size
+  short = drafters.build(method, embedded, draft_vocab=512)
+  np.testing.assert_array_equal(short.d2t, np.asarray(whole.d2t)[:512])
+  if whole.head is None:
+    assert short.head is None
+  else:
+    np.testing.assert_array_equal(short.head, np.asarray(whole.head)[:, :512])
+  a, b = _leaves(whole.params), _leaves(short.params)
+  assert a.keys() == b.keys()
+  for name in a:
+    want = a[name][..., :512] if a[name].shape != b[name].shape else a[name]
+    np.testing.assert_array_equal(b[name], want, err_msg=name)
+  assert any(a[n].shape != b[n].shape for n in a) == (method == "eagle3")
+  out = specjax.generate(embedded, _code_prompts(), max_new_tokens=64, pad_to=32, drafter=short)
+  assert out.tokens == embedded_ar
+  assert out.stats.tau > 1.5, out.stats
+
+
+def test_draft_vocab_errors_and_recorded_default(embedded, target, saved, tmp_path):
+  """Out of range or not an int: errors naming the option. A vocabulary in id order (a
+  published layout's, or this untrained one's) has no most-frequent prefix: an error. A
+  folder's recorded default applies, and an explicit option overrides it."""
+  for bad in (0, 4096, 2.5):
+    with pytest.raises(ValueError, match="draft_vocab must be"):
+      drafters.build("eagle", embedded, draft_vocab=bad)
+  with pytest.raises(ValueError, match="id order"):
+    io.load_drafter(saved, target, draft_vocab=4)
+  assert io.load_drafter(saved, target, draft_vocab=tt.GREEDY_VOCAB).d2t.shape == (
+      tt.GREEDY_VOCAB,)  # the whole vocabulary: nothing to cut
+  folder = tmp_path / "eagle"
+  shutil.copytree(io.asset_dir("eagle"), folder)
+  io.set_default_tree(folder, **{**io.read_config(folder)["tree"], "draft_vocab": 256})
+  assert io.load_drafter(folder, embedded).d2t.shape == (256,)
+  assert io.load_drafter(folder, embedded, draft_vocab=1024).d2t.shape == (1024,)
