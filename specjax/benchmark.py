@@ -533,12 +533,25 @@ def methods_of(cfg: BenchmarkConfig, target: Target) -> list[str]:
   return [AR] + [m for m in methods if m != AR]
 
 
+def check_drafter_options(cfg: BenchmarkConfig, methods: Sequence[str]) -> None:
+  """Every `drafter_options` item names a method of the run: one naming another (a typo, or a
+  list written as one item) would otherwise apply to nothing, silently."""
+  for item in cfg.drafter_options:
+    key, _ = config_utils.parse_assignment(item, "drafter option", "method.option=value")
+    name = key.partition(".")[0]
+    if name not in methods:
+      raise ValueError(f"drafter option {item!r} names {name!r}, which is not one of the run's "
+                       f"methods {list(methods)} (one option per item: --set "
+                       "drafter_options=method.option=value,...)")
+
+
 def run(cfg: BenchmarkConfig, report: Callable[[str], None] | None = None
         ) -> list[dict[str, Any]]:
   """Every method on every dataset; writes results.json, results.md and the plots to `cfg.out`.
   `report` (e.g. `print`) receives each dataset's table as soon as that dataset is done."""
   target = configured_target(cfg)
   methods = methods_of(cfg, target)
+  check_drafter_options(cfg, methods)
   prompts = {dataset_name(d): load_prompts(target, d, cfg) for d in datasets_of(cfg)}
   records, memo = [], RunMemo()
   pad_to = common_pad(target, list(prompts.values()))

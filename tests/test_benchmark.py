@@ -318,3 +318,16 @@ def test_paper_configs_run_on_tiny_checkpoints(tmp_path):
   assert drafter.num_nodes == 59
   ar = specjax.generate(target, rows, max_new_tokens=8).tokens
   assert specjax.generate(target, rows, max_new_tokens=8, drafter=drafter).tokens == ar
+
+
+def test_drafter_options_must_name_a_method_of_the_run():
+  """An option for a method the run does not measure applies to nothing: a clear error instead
+  (a list written as one item names '["eagle.top_k' ...), before any target work."""
+  methods = [AR, "eagle", "eagle_2048"]
+  benchmark.check_drafter_options(
+      BenchmarkConfig(drafter_options=("eagle.top_k=2", "eagle_2048.draft_vocab=2048")), methods)
+  for item in ('["eagle_2048.draft_vocab=2048"]', "eagel.top_k=2"):
+    with pytest.raises(ValueError, match="not one of the run's methods"):
+      benchmark.check_drafter_options(BenchmarkConfig(drafter_options=(item,)), methods)
+  with pytest.raises(ValueError, match="drafter option"):
+    benchmark.check_drafter_options(BenchmarkConfig(drafter_options=("eagle",)), methods)
