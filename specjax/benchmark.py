@@ -534,14 +534,17 @@ def methods_of(cfg: BenchmarkConfig, target: Target) -> list[str]:
 
 
 def check_drafter_options(cfg: BenchmarkConfig, methods: Sequence[str]) -> None:
-  """Every `drafter_options` item names a method of the run: one naming another (a typo, or a
-  list written as one item) would otherwise apply to nothing, silently."""
+  """Every `drafter_options` item names a method: one of the run's, a registered drafter or a
+  labelled folder (`drafter`; a config may set options for methods a --set leaves out). One
+  naming none (a typo, or a list written as one item) would apply to nothing, silently."""
+  known = set(methods) | set(drafters.names()) | set(cfg.drafter)
   for item in cfg.drafter_options:
     key, _ = config_utils.parse_assignment(item, "drafter option", "method.option=value")
     name = key.partition(".")[0]
-    if name not in methods:
-      raise ValueError(f"drafter option {item!r} names {name!r}, which is not one of the run's "
-                       f"methods {list(methods)} (one option per item: --set "
+    if name not in known:
+      raise ValueError(f"drafter option {item!r} names {name!r}, which is no method: not one "
+                       f"of the run's {list(methods)}, a registered drafter or a labelled "
+                       "folder (one option per item: --set "
                        "drafter_options=method.option=value,...)")
 
 

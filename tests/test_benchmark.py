@@ -321,13 +321,18 @@ def test_paper_configs_run_on_tiny_checkpoints(tmp_path):
 
 
 def test_drafter_options_must_name_a_method_of_the_run():
-  """An option for a method the run does not measure applies to nothing: a clear error instead
-  (a list written as one item names '["eagle.top_k' ...), before any target work."""
-  methods = [AR, "eagle", "eagle_2048"]
-  benchmark.check_drafter_options(
-      BenchmarkConfig(drafter_options=("eagle.top_k=2", "eagle_2048.draft_vocab=2048")), methods)
-  for item in ('["eagle_2048.draft_vocab=2048"]', "eagel.top_k=2"):
-    with pytest.raises(ValueError, match="not one of the run's methods"):
-      benchmark.check_drafter_options(BenchmarkConfig(drafter_options=(item,)), methods)
+  """An option naming no method (not the run's, not a registered drafter, not a labelled
+  folder) applies to nothing: a clear error instead (a list written as one item names
+  '["eagle_2048' ...), before any target work. A config's options for registered methods a
+  --set leaves out of the run stay allowed."""
+  methods = [AR, "eagle_2048"]
+  folders = {"eagle_2048": "specjax/assets/eagle"}
+  benchmark.check_drafter_options(BenchmarkConfig(
+      drafter=folders, drafter_options=("eagle3.top_k=2", "eagle_2048.draft_vocab=2048")),
+      methods)
+  for item in ('["eagle_2048.draft_vocab=2048"]', "eagel.top_k=2", "eagle_512.draft_vocab=512"):
+    with pytest.raises(ValueError, match="which is no method"):
+      benchmark.check_drafter_options(BenchmarkConfig(drafter=folders, drafter_options=(item,)),
+                                      methods)
   with pytest.raises(ValueError, match="drafter option"):
     benchmark.check_drafter_options(BenchmarkConfig(drafter_options=("eagle",)), methods)
