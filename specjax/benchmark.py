@@ -87,18 +87,23 @@ class BenchmarkConfig:
   # "auto" = tensor parallelism over every core or device the target allows (`auto_mesh`).
   mesh: str | None = None
 
-  def options_for(self, method: str) -> dict[str, Any]:
-    """`method`'s builder options; values are Python literals (`4`, `[[0], [0, 0]]`) or text."""
-    out: dict[str, Any] = {}
+  def parsed_drafter_options(self) -> list[tuple[str, str, str, str]]:
+    """(item, method, option, value text) of each `drafter_options` item, which must read
+    method.option=value."""
+    out = []
     for item in self.drafter_options:
       what, form = "drafter option", "method.option=value"
       key, value = config_utils.parse_assignment(item, what, form)
       name, _, option = key.partition(".")
       if not option or not value:
         raise ValueError(f"{what} {item!r} is not of the form {form}")
-      if name == method:
-        out[option] = config_utils.parse_value(value)
+      out.append((item, name, option, value))
     return out
+
+  def options_for(self, method: str) -> dict[str, Any]:
+    """`method`'s builder options; values are Python literals (`4`, `[[0], [0, 0]]`) or text."""
+    return {option: config_utils.parse_value(value)
+            for _, name, option, value in self.parsed_drafter_options() if name == method}
 
 
 def datasets_of(cfg: BenchmarkConfig) -> tuple[str, ...]:
@@ -538,9 +543,7 @@ def check_drafter_options(cfg: BenchmarkConfig, methods: Sequence[str]) -> None:
   labelled folder (`drafter`; a config may set options for methods a --set leaves out). One
   naming none (a typo, or a list written as one item) would apply to nothing, silently."""
   known = set(methods) | set(drafters.names()) | set(cfg.drafter)
-  for item in cfg.drafter_options:
-    key, _ = config_utils.parse_assignment(item, "drafter option", "method.option=value")
-    name = key.partition(".")[0]
+  for item, name, _, _ in cfg.parsed_drafter_options():
     if name not in known:
       raise ValueError(f"drafter option {item!r} names {name!r}, which is no method: not one "
                        f"of the run's {list(methods)}, a registered drafter or a labelled "

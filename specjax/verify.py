@@ -135,13 +135,14 @@ def _assemble(tokens: jax.Array, accepted: jax.Array, bonus: jax.Array, *,
   chain (`Tree.chain`) the accepted nodes are already the first ones."""
   b, n = tokens.shape
   n_acc = jnp.sum(accepted, axis=-1, dtype=jnp.int32)
-  if chain:
-    order = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (b, n))
+  if chain:  # no sort, and no gather of the tokens into the order they already have
+    order, picked = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (b, n)), tokens
   else:  # accepted node indices first, in order
     order = jnp.argsort(~accepted, axis=-1, stable=True)
+    picked = jnp.take_along_axis(tokens, order, axis=-1)
   on_path = jnp.arange(n)[None, :] < n_acc[:, None]
   rows = jnp.where(on_path, order + 1, 0).astype(jnp.int32)
-  toks = jnp.where(on_path, jnp.take_along_axis(tokens, order, axis=-1), 0).astype(jnp.int32)
+  toks = jnp.where(on_path, picked, 0).astype(jnp.int32)
   toks = jnp.concatenate([toks, jnp.zeros((b, 1), jnp.int32)], axis=1)
   return Acceptance(
       n_accepted=n_acc,
