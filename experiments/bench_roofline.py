@@ -10,6 +10,9 @@ N + 1 tokens for one target call on N + 1 tokens. The best a loop can do is the 
 t_AR_step * (N + 1) / t_verify(N + 1); the measured speedup over autoregressive decoding is
 printed beside it, with the loop's efficiency (measured / bound). On a CPU a small target is
 compute-bound, so verifying N + 1 tokens costs well over one step and the bound is modest.
+Beside the autoregressive step, its weight-streaming floor: the weights each device reads per
+step over the rate the devices stream weights at together: the least a step on this mesh
+can take.
 
 Then, per block size T = N + 1, where a verify step's time goes (`specjax.profiling`): the target
 forward, the LM head's share (T - 1 more rows of logits), attending the cache's empty slots,
@@ -31,7 +34,14 @@ import specjax
 from specjax import assets, cli, compile_cache, drafters, sharding
 from specjax.benchmark import oracle_roofline
 from specjax.metrics import markdown_table
-from specjax.profiling import PARTS, kernel_times, random_chain, verify_parts
+from specjax.profiling import (
+  PARTS,
+  kernel_times,
+  random_chain,
+  step_read_bytes,
+  stream_bandwidth,
+  verify_parts,
+)
 
 
 def large_random_target(dtype: str, compute_dtype: str) -> specjax.Target:
@@ -54,7 +64,12 @@ def roofline(target, name: str, chains, prompt_len: int, max_new: int, repeats: 
   print(f"\n### {name}: {target.num_params / 1e6:.1f}M params ({target.config.dtype}), "
         f"prompt {prompt_len}, {max_new} new tokens, batch 1, T=0\n")
   print(f"autoregressive: {result['tokens_per_second']:.1f} tokens/s, step "
-        f"{result['t_step_ms']:.2f} ms, prefill {result['t_prefill_ms']:.2f} ms\n")
+        f"{result['t_step_ms']:.2f} ms, prefill {result['t_prefill_ms']:.2f} ms")
+  floor = weight_floor(target)
+  print(f"weight-streaming floor: {floor['bytes'] / 1e6:.2f} MB of weights read per step on each "
+        f"device, streamed at {floor['bandwidth'] / 1e9:.1f} GB/s each (all devices at once): "
+        f"{floor['seconds'] * 1e3:.2f} ms, {floor['seconds'] * 1e3 / result['t_step_ms']:.0%} "
+        f"of the measured step\n")
   print("| N | tau | t_verify(N+1) / t_step | bound (N+1) | bound (tau) | bound (tau, prefill) | "
         "measured speedup | efficiency |")
   print("|---|---|---|---|---|---|---|---|")
@@ -63,6 +78,15 @@ def roofline(target, name: str, chains, prompt_len: int, max_new: int, repeats: 
           f"{r['bound_tau']:.2f}x | {r['bound_e2e']:.2f}x | {r['speedup']:.2f}x | "
           f"{r['speedup'] / r['bound_e2e']:.0%} |", flush=True)
   return result["rows"]
+
+
+def weight_floor(target) -> dict[str, float]:
+  """The least time a batch-1 step can take on this machine: the weights each device reads per
+  step (`profiling.step_read_bytes`) over the rate each streams them at with every device of the
+  target's mesh streaming at once (`profiling.stream_bandwidth`)."""
+  nbytes = step_read_bytes(target)
+  bandwidth = stream_bandwidth(target.mesh)
+  return {"bytes": nbytes, "bandwidth": bandwidth, "seconds": nbytes / bandwidth}
 
 
 def parts(target, name: str, sizes, prompt_len: int, max_new: int, repeats: int):

@@ -45,8 +45,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 
-from specjax import checks, timing, trees, verify
+from specjax import checks, sharding, timing, trees, verify
 from specjax.decoding import (
     MIN_BUCKET,
     bucket_length,
@@ -310,3 +311,67 @@ def kernel_times(target: Target, prompts, *, drafter=None, rounds: int = 20, tri
   out = dict(sorted(out.items(), key=lambda kv: -kv[1]["seconds"]))
   out["total"] = {name: sum(v[name] for v in out.values()) for name in ("kernels", "seconds")}
   return out
+
+
+# -- The weight-streaming floor ------------------------------------------------------------------
+# A batch-1 decode step multiplies one row of activations by every weight matrix, so it reads
+# each weight once and does two flops per four bytes read (f32): on a CPU it is bound by how fast
+# each core streams weights from memory, and no kernel or compiler choice brings a step below
+# the bytes it must read over that rate.
+
+_STREAM_ROWS = 256  # the GEMV's input width: the embedded target's hidden size
+
+
+def device_bytes(tree: Any) -> int:
+  """Bytes of `tree`'s arrays on its first device: a sharded array's shard, a replicated (or
+  one-device) array whole. Reading every leaf once, each device reads this much."""
+  total = 0
+  for x in jax.tree.leaves(tree):
+    shards = getattr(x, "addressable_shards", None)
+    total += int(shards[0].data.nbytes) if shards else int(getattr(x, "nbytes", 0))
+  return total
+
+
+def step_read_bytes(target: Target) -> int:
+  """Bytes of weights each device reads in one batch-1 decode step: every parameter's local
+  shard once, except an untied input embedding, of which a step looks up one row (a tied one
+  is read whole as the LM head)."""
+  total = device_bytes(target.params)
+  if not target.config.tie_word_embeddings:
+    total -= device_bytes([x for path, x in jax.tree_util.tree_flatten_with_path(target.params)[0]
+                           if re.search(sharding.EMBEDDING, sharding.path_str(path))])
+  return total
+
+
+def stream_bandwidth(mesh=None, *, nbytes: int = 64 << 20, repeats: int = 10,
+                     trials: int = 3) -> float:
+  """Bytes per second each device streams weights at while every device of `mesh` (one device
+  when None) streams its own at once: a compiled loop of GEMVs, one row against an f32 matrix of
+  about `nbytes` (far beyond the caches) whose columns lie over the devices, the read pattern of
+  a decode step's matmuls, timed as a whole loop of `repeats` (the fastest of `trials`). The
+  devices share the machine's memory, so this is the rate a sharded step gets, not what one
+  device alone would."""
+  nbytes = checks.integer("nbytes", nbytes, lo=4 * _STREAM_ROWS)
+  repeats = checks.integer("repeats", repeats, lo=1)
+  trials = checks.integer("trials", trials, lo=1)
+  devices = 1 if mesh is None else mesh.size
+  cols = max(1, nbytes // (4 * _STREAM_ROWS * devices)) * devices
+  w = jnp.ones((_STREAM_ROWS, cols), jnp.float32)
+  x = jnp.ones((1, _STREAM_ROWS), jnp.float32)
+  if mesh is not None:
+    w = jax.device_put(w, NamedSharding(mesh, PartitionSpec(None, tuple(mesh.axis_names))))
+    x = jax.device_put(x, NamedSharding(mesh, PartitionSpec()))
+
+  def body(x, w):
+    # Each iteration's input depends on the last product (one scalar all-reduce on a mesh), so
+    # every GEMV stays in the loop and reads the whole matrix again.
+    return x + 1e-30 * jnp.sum(x @ w)
+
+  # The whole loop's wall time over its iterations, fastest of `trials` (not `per_iteration`'s
+  # difference of two runs, which noise can make negative): each GEMV reads megabytes, so the
+  # call's own cost is a small part of it and only makes the rate a little lower. The matrix is
+  # an argument the loop reads, not part of its carry, which the call would copy out.
+  loop = jax.jit(lambda x, w: jax.lax.fori_loop(0, repeats, lambda _, x: body(x, w), x))
+  jax.block_until_ready(loop(x, w))
+  seconds = min(timing.wall(lambda: jax.block_until_ready(loop(x, w))) for _ in range(trials))
+  return int(w.nbytes) / devices / (seconds / repeats)

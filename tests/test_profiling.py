@@ -1,6 +1,7 @@
 """`specjax.profiling`: the verify-step breakdown (`verify_parts`) and the kernels of a round
 (`kernel_times`) behind `bench_roofline`."""
 
+import dataclasses
 import math
 
 import jax
@@ -10,7 +11,15 @@ import pytest
 import specjax
 from specjax import decoding, drafters, hlo
 from specjax.decoding import bucket_length, cache_length, profile_phases
-from specjax.profiling import PARTS, hlo_scopes, kernel_times, scope_of, verify_parts
+from specjax.profiling import (
+  PARTS,
+  hlo_scopes,
+  kernel_times,
+  scope_of,
+  step_read_bytes,
+  stream_bandwidth,
+  verify_parts,
+)
 from specjax.sampling import SamplingConfig
 from tests.helpers import tiny_targets as tt
 
@@ -212,3 +221,27 @@ def test_profile_phases_weighs_the_verify_sizes_a_run_used(target, monkeypatch):
   out = profile_phases(target, [prompt], drafter=drafter, max_new_tokens=16, repeats=2, trials=2)
   assert set(timed) == set(used)
   assert math.isfinite(out["t_verify"]) and math.isfinite(out["t_draft"])
+
+
+def test_weight_streaming_floor(target):
+  """`step_read_bytes` counts every weight once per device: all of them on one device, each
+  device's shard on a mesh (norm weights stay whole, so a split halves less than all), and an
+  untied input embedding not at all (a step looks up one row). `bench_roofline.weight_floor`
+  divides it by `stream_bandwidth`, a measured rate."""
+  from experiments import bench_roofline
+  total = sum(int(x.nbytes) for x in jax.tree.leaves(target.params))
+  assert step_read_bytes(target) == total
+  sharded = target.on_mesh("dp=4,tp=2")
+  assert total / 2 < step_read_bytes(sharded) < total
+  untied = specjax.Target.random(dataclasses.replace(target.config, tie_word_embeddings=False))
+  table = untied.config.vocab_size * untied.config.hidden_size * 4
+  untied_total = sum(int(x.nbytes) for x in jax.tree.leaves(untied.params))
+  assert step_read_bytes(untied) == untied_total - table
+  for mesh in (None, sharded.mesh):
+    rate = stream_bandwidth(mesh, nbytes=1 << 20, repeats=2, trials=1)
+    assert math.isfinite(rate) and rate > 0
+  floor = bench_roofline.weight_floor(sharded)
+  assert floor["bytes"] == step_read_bytes(sharded)
+  assert floor["seconds"] == floor["bytes"] / floor["bandwidth"] > 0
+  with pytest.raises(ValueError, match="nbytes"):
+    stream_bandwidth(None, nbytes=16)
