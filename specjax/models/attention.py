@@ -49,17 +49,23 @@ def full_mask(length: jax.Array | None, new_mask: jax.Array, num_slots: int) -> 
 
 
 def xla_attention(q, k, v, length, new_mask, *, sm_scale, softcap=None):
-  """Masked softmax attention with GQA grouping, in plain jnp (XLA fuses it)."""
+  """Masked softmax attention with GQA grouping, in plain jnp (XLA fuses it).
+
+  The scores are laid out [B, K, S, G, T], cache slots before queries: on a CPU the score
+  matmul then comes out in that order without a transpose of the scores, and the softmax sums
+  over slots for all of a head group's queries at once. (With the slots last, XLA transposed
+  every layer's scores; this order made prefill 7% faster and an oracle chain of 7 4% faster on
+  the embedded target over 2 cores.)"""
   b, t, h, d = q.shape
   kv_heads = k.shape[2]
   qg = q.reshape(b, t, kv_heads, h // kv_heads, d)  # [B, T, K, G, D]
-  scores = jnp.einsum("BTKGD,BSKD->BKGTS", qg, k, preferred_element_type=jnp.float32) * sm_scale
+  scores = jnp.einsum("BTKGD,BSKD->BKSGT", qg, k, preferred_element_type=jnp.float32) * sm_scale
   if softcap is not None:  # Gemma 2, in float32 as the scores are
     scores = jnp.tanh(scores / softcap) * softcap
   mask = full_mask(length, new_mask, k.shape[1])  # [B, T, S]
-  scores = jnp.where(mask[:, None, None], scores, _MASK_VALUE)
-  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-  out = jnp.einsum("BKGTS,BSKD->BTKGD", probs, v, preferred_element_type=jnp.float32)
+  scores = jnp.where(jnp.swapaxes(mask, 1, 2)[:, None, :, None, :], scores, _MASK_VALUE)
+  probs = jax.nn.softmax(scores, axis=2).astype(v.dtype)
+  out = jnp.einsum("BKSGT,BSKD->BTKGD", probs, v, preferred_element_type=jnp.float32)
   return out.reshape(b, t, h, d).astype(q.dtype)
 
 
