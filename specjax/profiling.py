@@ -335,7 +335,9 @@ def device_bytes(tree: Any) -> int:
 def step_read_bytes(target: Target) -> int:
   """Bytes of weights each device reads in one batch-1 decode step: every parameter's local
   shard once, except an untied input embedding, of which a step looks up one row (a tied one
-  is read whole as the LM head)."""
+  is read whole as the LM head). Bytes as the params are stored: a program that computes in a
+  wider dtype may read converted copies (XLA hoists bfloat16 -> float32 converts out of the
+  decode loop), so the floor they give is then looser."""
   total = device_bytes(target.params)
   if not target.config.tie_word_embeddings:
     total -= device_bytes([x for path, x in jax.tree_util.tree_flatten_with_path(target.params)[0]
