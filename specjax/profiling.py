@@ -322,27 +322,19 @@ def kernel_times(target: Target, prompts, *, drafter=None, rounds: int = 20, tri
 _STREAM_ROWS = 256  # the GEMV's input width: the embedded target's hidden size
 
 
-def device_bytes(tree: Any) -> int:
-  """Bytes of `tree`'s arrays on its first device: a sharded array's shard, a replicated (or
-  one-device) array whole. Reading every leaf once, each device reads this much."""
-  total = 0
-  for x in jax.tree.leaves(tree):
-    shards = getattr(x, "addressable_shards", None)
-    total += int(shards[0].data.nbytes) if shards else int(getattr(x, "nbytes", 0))
-  return total
-
-
 def step_read_bytes(target: Target) -> int:
-  """Bytes of weights each device reads in one batch-1 decode step: every parameter's local
-  shard once, except an untied input embedding, of which a step looks up one row (a tied one
-  is read whole as the LM head). Bytes as the params are stored: a program that computes in a
-  wider dtype may read converted copies (XLA hoists bfloat16 -> float32 converts out of the
-  decode loop), so the floor they give is then looser."""
-  total = device_bytes(target.params)
+  """Bytes of weights a device reads in one batch-1 decode step, on the device that reads most:
+  every parameter's local shard once (`sharding.bytes_per_device`), except an untied input
+  embedding, of which a step looks up one row (a tied one is read whole as the LM head). Bytes
+  as the params are stored: a program that computes in a wider dtype may read converted copies
+  (XLA hoists bfloat16 -> float32 converts out of the decode loop), so the floor they give is
+  then looser."""
+  held = sharding.bytes_per_device(target.params)
   if not target.config.tie_word_embeddings:
-    total -= device_bytes([x for path, x in jax.tree_util.tree_flatten_with_path(target.params)[0]
-                           if re.search(sharding.EMBEDDING, sharding.path_str(path))])
-  return total
+    for device, table in sharding.bytes_per_device(
+        sharding.embedding_tables(target.params)).items():
+      held[device] -= table
+  return max(held.values())
 
 
 def stream_bandwidth(mesh=None, *, nbytes: int = 64 << 20, repeats: int = 10,

@@ -318,10 +318,16 @@ def _is_embedding(path: tuple) -> bool:
   return re.search(EMBEDDING, path_str(path)) is not None
 
 
+def embedding_tables(target_params: Any) -> list[Any]:
+  """The target's input embedding table as a list of its one leaf (empty for params without
+  one)."""
+  return [x for path, x in jax.tree_util.tree_flatten_with_path(target_params)[0]
+          if _is_embedding(path)]
+
+
 def embedding_bytes(target_params: Any) -> int:
   """Bytes of the target's input embedding table (0 for params without one)."""
-  return sum(int(x.nbytes) for path, x in jax.tree_util.tree_flatten_with_path(target_params)[0]
-             if _is_embedding(path))
+  return nbytes(embedding_tables(target_params))
 
 
 def replicates_drafter(drafter: Any, target_params: Any, mesh: Mesh | None) -> bool:
