@@ -6,7 +6,8 @@ Same tokenizer as the target (read from the target's training run, or from the s
 Qwen3 architecture at about a tenth of the target's parameters (most of them the 8192 x 64
 embedding), 400 steps x 8192 tokens with the same curriculum as the target: at this size the
 softmax over the vocabulary, not the model, dominates the cost of a step. Exports to
-runs/draft_lm_stdlib/export (the shipped one: `--set export_dir=specjax/assets/draft_lm`); its
+runs/draft_lm_stdlib/export (the shipped one: `--set export_dir=specjax/assets/draft_lm
+--overwrite-shipped`); its
 metadata.json records the held-out loss and the wall time.
 """
 

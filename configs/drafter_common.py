@@ -1,7 +1,9 @@
 """The recipe the four shipped drafters share (one place, so they are trained alike).
 
 Each exports to its workdir, runs/<method>_stdlib/export: a smoke run never replaces a shipped
-drafter. The shipped folders were made with `--set export_dir=specjax/assets/<method>`.
+drafter. The shipped folders were made with `--set export_dir=specjax/assets/<method>
+--overwrite-shipped` (without the flag an export_dir inside specjax/assets is refused before
+training).
 """
 
 from specjax.train.drafter import DrafterTrainConfig

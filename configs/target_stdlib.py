@@ -7,8 +7,9 @@ of 32 x 256-token rows, then 150 steps of 8 x 1024-token rows so the model learn
 context. Resumes from its last checkpoint when interrupted; exports (bfloat16 weights) to
 runs/target_stdlib/export, whose metadata.json records the held-out loss beside the unigram
 baseline and the wall time. The shipped target was made with `--set
-export_dir=specjax/assets/target`: every shipped drafter was trained against it, so replacing it
-(a smoke run's 2-layer target, say) breaks them.
+export_dir=specjax/assets/target --overwrite-shipped` (without the flag such an export_dir is
+refused before training): every shipped drafter was trained against it, so replacing it (a smoke
+run's 2-layer target, say) breaks them.
 """
 
 from specjax.models.config import ModelConfig

@@ -21,6 +21,7 @@ import grain
 import numpy as np
 import tokenizers
 
+from specjax import files
 from specjax.data import storage
 from specjax.data import tokenizer as tokenizer_lib
 from specjax.interop.tokenizer import tokenizer_fingerprint
@@ -113,10 +114,7 @@ def cached_token_stream(
     return np.load(path)
   stream = join_documents(tokenize_corpus(tok, texts), tokenizer_lib.eos_id(tok))
   storage.ensure_writable(cache_dir)
-  tmp = f'{path}.{os.getpid()}.tmp'
-  with open(tmp, 'wb') as f:
-    np.save(f, stream)
-  os.replace(tmp, path)
+  files.save_npy(path, stream)
   return stream
 
 

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
+from specjax import files
 from specjax.interop.tokenizer import tokenizer_path
 
 EOS = '<|endoftext|>'
@@ -81,8 +82,8 @@ def for_corpus(tok: tokenizers.Tokenizer) -> tokenizers.Tokenizer:
 
 
 def save_tokenizer(tok: tokenizers.Tokenizer, path: str | os.PathLike) -> str:
-  """Writes `tokenizer.json` into directory `path` (or to `path` itself if it ends in .json)."""
+  """Writes `tokenizer.json` into directory `path` (or to `path` itself if it ends in .json),
+  atomically (a temp file then a rename: a failed write keeps the previous file)."""
   out = tokenizer_path(path)
-  os.makedirs(os.path.dirname(out) or '.', exist_ok=True)
-  tok.save(out)
+  files.save_tokenizer(tok, out)
   return out

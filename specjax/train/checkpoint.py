@@ -34,6 +34,11 @@ class Checkpointer:
     return self._manager.latest_step()
 
   def save(self, step: int, state: Any, *, force: bool = False) -> None:
+    # Already atomic, so not wrapped in specjax.files: on a local file system Orbax writes a
+    # step into `<step>.orbax-checkpoint-tmp...` and renames it to `<step>` only once every
+    # file is written (AtomicRenameTemporaryPath.finalize, orbax/checkpoint/_src/path/
+    # atomicity.py, the default outside GCS: atomicity_defaults.py), and latest_step and
+    # restore see finalized steps only, so an interrupted save leaves the previous step whole.
     self._manager.save(step, args=ocp.args.StandardSave(state), force=force)
 
   def restore(self, state_like: Any, step: int | None = None) -> Any:

@@ -23,8 +23,8 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 from flax import nnx
-from safetensors.numpy import save_file
 
+from specjax import files
 from specjax.drafters import learned
 from specjax.interop.safetensors_file import SafetensorsFile
 from specjax.models.config import ModelConfig
@@ -256,20 +256,19 @@ def torch_layout(name: str, value: np.ndarray) -> np.ndarray:
 def write_weights(path: str, tensors: dict[str, np.ndarray], dtype: str | None,
                   name: str = SAFETENSORS) -> None:
   """`name` (default `model.safetensors`) of `tensors`; floating tensors cast to `dtype`
-  ("bfloat16" goes through ml_dtypes, the numpy bfloat16 that safetensors writes)."""
-  os.makedirs(path, exist_ok=True)
+  ("bfloat16" goes through ml_dtypes, the numpy bfloat16 that safetensors writes); written
+  atomically (`specjax.files`)."""
   out = {}
   for key, x in tensors.items():
     if dtype and np.issubdtype(x.dtype, np.floating):
       x = np.asarray(jnp.asarray(x).astype(dtype))
     out[key] = np.ascontiguousarray(x)
-  save_file(out, os.path.join(path, name))
+  files.save_safetensors(out, os.path.join(path, name), framework="numpy")
 
 
 def write_json(path: str, name: str, data: dict[str, Any]) -> None:
-  os.makedirs(path, exist_ok=True)
-  with open(os.path.join(path, name), "w") as f:
-    json.dump(data, f, indent=2)
+  """`name` in folder `path`, atomically."""
+  files.write_json(os.path.join(path, name), data, indent=2)
 
 
 # -- draft vocabularies -----------------------------------------------------------------------
