@@ -57,6 +57,30 @@ class TrainResult:
   resumed_from: int | None
 
 
+class NonFiniteError(FloatingPointError):
+  """Training reached a non-finite loss, gradient norm or parameters, and stopped.
+
+  A FloatingPointError (an ArithmeticError), as JAX's own `jax_debug_nans` raises: the run's
+  numerics failed, which no argument check could have caught; a ValueError would read as a bad
+  config and be caught by the handlers of those. `train` raises it before any checkpoint with
+  non-finite params is written and without returning, so the caller exports nothing.
+
+  step: the first step (counted as checkpoints and log records count them: the step that
+  completes `step` updates) whose loss or gradient norm was non-finite, or the step at which the
+  params were found non-finite. what: what was non-finite ("loss", "gradient norm",
+  "parameters"). resume_step: the step of the last good checkpoint, the one a rerun resumes from
+  (None: no checkpoint, a rerun starts afresh). checkpoint_dir: where it lies (None: no workdir).
+  """
+
+  def __init__(self, message: str, *, step: int, what: tuple[str, ...],
+               resume_step: int | None, checkpoint_dir: str | None):
+    super().__init__(message)
+    self.step = step
+    self.what = what
+    self.resume_step = resume_step
+    self.checkpoint_dir = checkpoint_dir
+
+
 RUN_CONFIG = "run_config.json"
 
 
@@ -83,39 +107,53 @@ def check_run_config(workdir: str, cfg: Any) -> None:
       raise ValueError(f"{workdir} holds a run started with other settings ({detail}). Resume "
                        "it with its own settings, or train in a fresh workdir")
     return
-  os.makedirs(workdir, exist_ok=True)
-  tmp = f"{path}.{os.getpid()}.tmp"
-  with open(tmp, "w") as f:
-    json.dump(settings, f, indent=1, sort_keys=True)
-  os.replace(tmp, path)
+  from specjax import files  # atomic: a failed write never leaves a truncated run config
+  try:
+    os.makedirs(workdir, exist_ok=True)
+  except OSError as e:
+    raise ValueError(f"workdir {workdir} cannot be created: {e.strerror or e}") from None
+  files.write_json(path, settings, indent=1, sort_keys=True)
 
 
 def make_train_step(loss_fn: LossFn, tx: optax.GradientTransformation, *,
                     mesh: Mesh | None = None, state_shardings: Any = None,
                     batch_shardings: Any = None):
-  """Returns a jitted `(state, batch) -> (state, metrics)` that donates the old state.
+  """Returns a jitted `(state, guard, batch) -> (state, guard, metrics)` that donates the old
+  state and guard.
+
+  `guard` (`initial_guard`) records the first step whose loss or gradient norm was non-finite:
+  a few scalar ops a step on device, read by the host only where the loop syncs anyway. It is
+  not part of the state, so checkpoints hold what they always held.
 
   On a `mesh` the step is compiled with explicit shardings: the state in and out as
   `state_shardings` (its pytree), the batch as `batch_shardings` (a pytree prefix of a batch),
-  the metrics replicated; it is traced and run under the mesh, so mesh-aware model code (the
-  Pallas attention's shard_map) sees it.
+  the guard and metrics replicated; it is traced and run under the mesh, so mesh-aware model
+  code (the Pallas attention's shard_map) sees it.
   """
 
-  def step(state, batch):
+  def step(state, guard, batch):
     (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"], batch)
     updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
     params = optax.apply_updates(state["params"], updates)
     metrics = dict(metrics, loss=loss, grad_norm=optax.tree.norm(grads))
-    return dict(state, params=params, opt_state=opt_state, step=state["step"] + 1), metrics
+    done = state["step"] + 1
+    loss32 = metrics["loss"].astype(jnp.float32)
+    norm32 = metrics["grad_norm"].astype(jnp.float32)
+    first = (guard["step"] < 0) & ~(jnp.isfinite(loss32) & jnp.isfinite(norm32))
+    guard = {"step": jnp.where(first, done, guard["step"]),
+             "loss": jnp.where(first, loss32, guard["loss"]),
+             "grad_norm": jnp.where(first, norm32, guard["grad_norm"])}
+    return dict(state, params=params, opt_state=opt_state, step=done), guard, metrics
 
   if mesh is None:
-    return jax.jit(step, donate_argnums=0)
-  jitted = jax.jit(step, in_shardings=(state_shardings, batch_shardings),
-                   out_shardings=(state_shardings, sharding.replicated(mesh)), donate_argnums=0)
+    return jax.jit(step, donate_argnums=(0, 1))
+  rep = sharding.replicated(mesh)
+  jitted = jax.jit(step, in_shardings=(state_shardings, rep, batch_shardings),
+                   out_shardings=(state_shardings, rep, rep), donate_argnums=(0, 1))
 
-  def on_mesh(state, batch):
+  def on_mesh(state, guard, batch):
     with jax.set_mesh(mesh):
-      return jitted(state, batch)
+      return jitted(state, guard, batch)
 
   return on_mesh
 
@@ -180,6 +218,70 @@ def initial_state(params: Any, tx: optax.GradientTransformation, *, mesh: Mesh |
   return state, state_shardings
 
 
+def initial_guard(mesh: Mesh | None = None) -> dict[str, jax.Array]:
+  """The train step's record of its first non-finite step: `step` -1 (none yet), and the loss
+  and gradient norm of that step once there is one; replicated on a `mesh`."""
+  host = {"step": np.full((), -1, np.int32), "loss": np.zeros((), np.float32),
+          "grad_norm": np.zeros((), np.float32)}
+  if mesh is None:
+    return jax.tree.map(jnp.asarray, host)
+  return jax.device_put(host, sharding.replicated(mesh))
+
+
+def _finite_check(mesh: Mesh | None) -> Callable[[Any], bool]:
+  """`params -> bool`: whether every float leaf is finite (one jitted reduction, whatever the
+  params' layout; on a mesh its answer is replicated, so every process reads it)."""
+
+  def finite(params):
+    leaves = [jnp.isfinite(x).all() for x in jax.tree.leaves(params)
+              if jnp.issubdtype(x.dtype, jnp.inexact)]
+    return jnp.stack(leaves).all() if leaves else jnp.asarray(True)
+
+  if mesh is None:
+    jitted = jax.jit(finite)
+    return lambda params: bool(jitted(params))
+  jitted = jax.jit(finite, out_shardings=sharding.replicated(mesh))
+
+  def on_mesh(params):
+    with jax.set_mesh(mesh):
+      return bool(jitted(params))
+
+  return on_mesh
+
+
+def _nonfinite_error(problem: str, step: int, what: tuple[str, ...], total: int,
+                     resume_step: int | None, ckpt: Checkpointer | None,
+                     detail: str = "") -> NonFiniteError:
+  """The NonFiniteError for `problem` ("the loss (nan) was non-finite") at `step`, saying which
+  checkpoint a rerun resumes from. detail: follows the step, e.g. " (finite at step 10)"."""
+  if resume_step is not None:
+    resume = (f"the last good checkpoint is step {resume_step} in {ckpt.directory}: a rerun with "
+              "the same settings resumes from it (a run with other settings, e.g. a lower "
+              "learning rate, needs a fresh workdir)")
+  elif ckpt is not None:
+    resume = f"no checkpoint was saved before it in {ckpt.directory}, so a rerun starts afresh"
+  else:
+    resume = "nothing was saved (no workdir)"
+  return NonFiniteError(f"training stopped: {problem} at step {step} of {total}{detail}, so "
+                        f"nothing is exported; {resume}", step=step, what=what,
+                        resume_step=resume_step, checkpoint_dir=ckpt.directory if ckpt else None)
+
+
+def _guard_error(guard: Any, total: int, resume_step: int | None,
+                 ckpt: Checkpointer | None) -> NonFiniteError | None:
+  """The error for a guard (read on the host) that recorded a non-finite step, else None."""
+  step = int(guard["step"])
+  if step < 0:
+    return None
+  bad = [(name, float(guard[key])) for name, key in (("loss", "loss"),
+                                                      ("gradient norm", "grad_norm"))
+         if not np.isfinite(guard[key])]
+  problem = " and ".join(f"the {name} ({value})" for name, value in bad)
+  problem += " was non-finite" if len(bad) == 1 else " were non-finite"
+  return _nonfinite_error(problem, step, tuple(name for name, _ in bad), total, resume_step,
+                          ckpt)
+
+
 def check_batch_size(name: str, size: int, mesh: Mesh | None) -> None:
   """ValueError unless `size` rows split evenly over the mesh's data axis."""
   dp = sharding.data_size(mesh)
@@ -228,6 +330,13 @@ def train(loss_fn: LossFn, params: Any, tx: optax.GradientTransformation,
   batch_shardings: a pytree prefix of a batch (default: every leaf split over `data` on its
   leading dimension, which must then be a multiple of dp). The checkpoint of `workdir` restores
   onto these shardings whatever mesh saved it. The returned params lie on the mesh.
+
+  A non-finite loss, gradient norm or parameters stop the run with a `NonFiniteError` naming
+  the first bad step: the step records its first non-finite step on device, read wherever the
+  loop syncs anyway (log, eval, save, end), and the params are checked before each checkpoint
+  save and before returning. No checkpoint with non-finite params is written, so the last good
+  one stays for a rerun to resume from. A resumed run says where it resumed (`progress`) and
+  returns it as `resumed_from`.
   """
   if mesh is not None:
     mesh = sharding.make_mesh(mesh)
@@ -237,17 +346,44 @@ def train(loss_fn: LossFn, params: Any, tx: optax.GradientTransformation,
     raise ValueError("batch_shardings lay batches out on a mesh: pass the mesh too")
   state, state_shardings = initial_state(params, tx, mesh=mesh, param_shardings=param_shardings)
   ckpt = Checkpointer(workdir, max_to_keep=cfg.keep_checkpoints) if workdir else None
+  bar = None
   try:
     resumed_from = ckpt.latest_step() if ckpt else None
     if resumed_from is not None:
       state = ckpt.restore(state)
     start = int(state["step"])
+    finite = _finite_check(mesh)
+    if not finite(state["params"]):
+      if resumed_from is not None:  # a checkpoint written before saves were checked
+        raise NonFiniteError(
+            f"the checkpoint of step {start} in {ckpt.directory} holds non-finite parameters: "
+            "remove it to resume from an earlier one (or train afresh in a new workdir)",
+            step=start, what=("parameters",), resume_step=None, checkpoint_dir=ckpt.directory)
+      raise _nonfinite_error("the initial parameters were non-finite", start, ("parameters",),
+                             cfg.total_steps, None, ckpt)
+    last_good, params_checked = resumed_from, start  # the checkpoint a rerun resumes from
+
+    def check_guard() -> None:
+      error = _guard_error(jax.device_get(guard), cfg.total_steps, last_good, ckpt)
+      if error is not None:
+        raise error
+
+    def check_params(done: int) -> None:
+      if not finite(state["params"]):
+        raise _nonfinite_error("the parameters were non-finite", done, ("parameters",),
+                               cfg.total_steps, last_good, ckpt,
+                               f" (finite at step {params_checked})")
+
     train_step = make_train_step(loss_fn, tx, mesh=mesh, state_shardings=state_shardings,
                                  batch_shardings=batch_shardings)
+    guard = initial_guard(mesh)
     history: list[dict[str, float]] = []
     end = cfg.total_steps if stop_after is None else min(cfg.total_steps, start + stop_after)
     bar = tqdm(total=cfg.total_steps, initial=start, desc=desc, disable=not progress,
                dynamic_ncols=True)
+    if progress and resumed_from is not None:
+      bar.write(f"resuming from step {start} of {cfg.total_steps} "
+                f"(checkpoint in {ckpt.directory})")
     elapsed = float(state["elapsed"])
     t_mark = t_log = time.perf_counter()  # t_mark: elapsed-time accounting; t_log: throughput
     step_log = start
@@ -259,20 +395,23 @@ def train(loss_fn: LossFn, params: Any, tx: optax.GradientTransformation,
       if mesh is not None:
         _check_batch(batch, batch_shardings, mesh)
         batch = jax.device_put(batch, batch_shardings)
-      state, metrics = train_step(state, batch)
+      state, guard, metrics = train_step(state, guard, batch)
       done = step + 1
       if done % cfg.log_every == 0 or done == end:
-        loss = float(metrics["loss"])  # blocks: timings below are honest
+        host = jax.device_get(metrics)  # blocks: timings below are honest
         now = time.perf_counter()
+        check_guard()
         tok_s = cfg.tokens_per_step * (done - step_log) / max(now - t_log, 1e-9)
         t_log, step_log = now, done
-        record = {"step": done, "loss": loss, "grad_norm": float(metrics["grad_norm"]),
+        loss = float(host["loss"])
+        record = {"step": done, "loss": loss, "grad_norm": float(host["grad_norm"]),
                   "tokens_per_second": tok_s}
-        record.update({k: float(v) for k, v in metrics.items() if k not in record})
+        record.update({k: float(v) for k, v in host.items() if k not in record})
         history.append(record)
         bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tok_s:,.0f}")
       if evaluate is not None and (done % cfg.eval_every == 0 or done == cfg.total_steps):
         jax.block_until_ready(state)
+        check_guard()
         t_eval = time.perf_counter()
         elapsed += t_eval - t_mark
         ev = evaluate(state["params"])
@@ -283,6 +422,9 @@ def train(loss_fn: LossFn, params: Any, tx: optax.GradientTransformation,
       bar.update(1)
       if ckpt and (done % cfg.save_every == 0 or done == end):
         jax.block_until_ready(state)
+        check_guard()
+        check_params(done)  # a checkpoint never holds non-finite params
+        params_checked = done
         now = time.perf_counter()
         elapsed, t_mark = elapsed + now - t_mark, now
         if mesh is None:
@@ -291,10 +433,16 @@ def train(loss_fn: LossFn, params: Any, tx: optax.GradientTransformation,
           state["elapsed"] = jax.device_put(np.asarray(elapsed, state["elapsed"].dtype),
                                             state_shardings["elapsed"])
         ckpt.save(done, state, force=True)
+        last_good = done
     bar.close()
     jax.block_until_ready(state)
     elapsed += time.perf_counter() - t_mark
+    check_guard()
+    if params_checked != end:
+      check_params(max(start, end))
   finally:  # in-flight saves finish and orbax's threads stop, on errors too
+    if bar is not None:
+      bar.close()
     if ckpt:
       ckpt.close()
   return TrainResult(state["params"], int(state["step"]), elapsed, history, resumed_from)

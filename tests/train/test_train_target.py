@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from specjax.config_utils import load_config
+from specjax.train import loop
 from specjax.train.target_lm import train_lm
 from tests.helpers.corpora import stdlib_source_dir
 
@@ -68,7 +69,7 @@ def test_resume_after_interruption_is_bitwise_identical(source_dir, tokenizer_pa
   first = train_lm(cfg, stop_after=7, progress=False)
   assert not first["finished"] and first["step"] == 7
   second = train_lm(cfg, stop_after=6, progress=False)  # crosses into the long phase (step 12)
-  assert second["step"] == 13
+  assert second["step"] == 13 and second["resumed_from"] == 7 and first["resumed_from"] is None
   resumed = train_lm(cfg, progress=False)
   assert resumed["finished"] and resumed["step"] == 16
   _assert_params_equal(straight["params"], resumed["params"])
@@ -133,3 +134,18 @@ def test_unwritable_data_dir_is_a_clear_error(source_dir, tmp_path):
   cfg = _config(source_dir, tmp_path / "w", data_dir=os.fspath(blocker / "tfds"))
   with pytest.raises(ValueError, match="a_file"):
     train_lm(cfg, progress=False)
+
+
+def test_a_diverging_run_stops_and_exports_nothing(source_dir, tokenizer_path, tmp_path):
+  """A learning rate of 1e30 overflows the weights on the first warmed-up update: the run stops
+  with an error naming the first non-finite step, writes no checkpoint past it and no export."""
+  cfg = _config(source_dir, tmp_path, f"data.tokenizer_path={tokenizer_path}",
+                "optim.learning_rate=1e30")
+  with pytest.raises(loop.NonFiniteError, match=r"non-finite at step 3 of 16, so nothing is "
+                     "exported; no checkpoint was saved before it") as info:
+    train_lm(cfg, progress=False)
+  # the loss or its gradient first (on CPU the gradient: normalised activations keep the loss
+  # finite a step longer), before the params are ever checked
+  assert info.value.step == 3 and info.value.what and "parameters" not in info.value.what
+  assert not os.path.exists(tmp_path / "export")
+  assert not glob.glob(os.path.join(tmp_path, "checkpoints", "[0-9]*"))
