@@ -12,7 +12,6 @@ the target split into one CPU device per core). Prints tokens/s of each and thei
 
 from __future__ import annotations
 
-import argparse
 import os
 import tempfile
 import time
@@ -36,14 +35,15 @@ def _default_checkpoint(tmp: str) -> str:
   return tmp
 
 
+@cli.usage_errors
 def main(argv=None) -> dict:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = cli.tool_parser(__doc__.splitlines()[0])
   compile_cache.add_arguments(parser)
   parser.add_argument("--checkpoint", default=None, help="HF-format folder (default: embedded)")
-  parser.add_argument("--prompts", type=int, default=8)
-  parser.add_argument("--prompt-len", type=int, default=64)
-  parser.add_argument("--max-new-tokens", type=int, default=128)
-  parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--prompts", type=cli.positive_int, default=8)
+  parser.add_argument("--prompt-len", type=cli.positive_int, default=64)
+  parser.add_argument("--max-new-tokens", type=cli.positive_int, default=128)
+  parser.add_argument("--seed", type=cli.seed, default=0)
   cli.add_mesh_argument(parser)
   args = parser.parse_args(argv)
   mesh = cli.mesh_from_args(args)

@@ -12,27 +12,25 @@ the run checks it against the reference and its timings are not meaningful; size
 
 from __future__ import annotations
 
-import argparse
-
-from specjax import compile_cache
+from specjax import cli, compile_cache
 
 
-def _ints(text: str) -> list[int]:
-  return [int(x) for x in text.split(",") if x]
-
-
+@cli.usage_errors
 def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = cli.tool_parser(__doc__.splitlines()[0])
   compile_cache.add_arguments(parser)
-  parser.add_argument("--sizes", type=_ints, default=[1024, 4096, 16384, 32768], help="S values")
-  parser.add_argument("--nodes", type=_ints, default=[1, 16, 64], help="N values (tree sizes)")
-  parser.add_argument("--batch", type=int, default=1)
-  parser.add_argument("--heads", type=int, default=32)
-  parser.add_argument("--kv-heads", type=int, default=8)
-  parser.add_argument("--head-dim", type=int, default=128)
+  parser.add_argument("--sizes", type=cli.positive_ints, default=[1024, 4096, 16384, 32768],
+                      help="S values")
+  parser.add_argument("--nodes", type=cli.positive_ints, default=[1, 16, 64],
+                      help="N values (tree sizes)")
+  parser.add_argument("--batch", type=cli.positive_int, default=1)
+  parser.add_argument("--heads", type=cli.positive_int, default=32)
+  parser.add_argument("--kv-heads", type=cli.positive_int, default=8)
+  parser.add_argument("--head-dim", type=cli.positive_int, default=128)
   parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
-  parser.add_argument("--iters", type=int, default=None, help="timed calls (default 20; CPU 2)")
-  parser.add_argument("--cpu-max-size", type=int, default=4096,
+  parser.add_argument("--iters", type=cli.positive_int, default=None,
+                      help="timed calls (none: 20; on a CPU 2)")
+  parser.add_argument("--cpu-max-size", type=cli.positive_int, default=4096,
                       help="on CPU, skip sizes above this (interpret mode is slow)")
   args = parser.parse_args(argv)
   compile_cache.from_args(args)

@@ -16,16 +16,14 @@ one table per setting; `--out` writes the figures as JSON.
 
 from __future__ import annotations
 
-import argparse
 import glob
-import json
 import os
 
 import numpy as np
 from tqdm.auto import tqdm
 
 import specjax
-from specjax import assets, compile_cache, drafters
+from specjax import assets, cli, compile_cache, drafters, files
 
 
 def numpy_prompts(target, count: int, seed: int = 0) -> list[list[int]]:
@@ -59,17 +57,25 @@ def run(target, prompts, method, batch, max_new_tokens, bar):
   return out, emitted / wall if wall else float("nan")
 
 
+@cli.usage_errors
 def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = cli.tool_parser(__doc__.splitlines()[0])
   compile_cache.add_arguments(parser)
-  parser.add_argument("--prompts", type=int, default=200)
-  parser.add_argument("--max-new-tokens", type=int, default=64)
+  parser.add_argument("--prompts", type=cli.positive_int, default=200)
+  parser.add_argument("--max-new-tokens", type=cli.positive_int, default=64)
   parser.add_argument("--dtypes", default="bfloat16,bfloat16/bfloat16,float32",
                       help="comma-separated storage[/compute] dtype settings")
   parser.add_argument("--methods", default=None, help="default: every available drafter")
   parser.add_argument("--batches", default="1,4")
   parser.add_argument("--out", default=None, help="write the figures as JSON here")
   args = parser.parse_args(argv)
+  if args.out and assets.is_shipped(args.out):  # before measuring
+    parser.error(f"--out {args.out} is inside the shipped assets folder: write it elsewhere")
+  if args.out:
+    try:
+      files.check_output_file(args.out, "--out file")
+    except ValueError as e:
+      parser.error(str(e))
   compile_cache.from_args(args)
   results = {}
   for setting in args.dtypes.split(","):
@@ -96,8 +102,7 @@ def main(argv=None):
     for name, n in table.items():
       print(f"| {name} | {n} | {n / len(prompts):.1%} |")
   if args.out:
-    with open(args.out, "w") as f:
-      json.dump(results, f, indent=1)
+    files.write_json(args.out, results, indent=1)  # atomic
   return results
 
 

@@ -26,8 +26,6 @@ chain of N (`chainN`) and any drafter available for the target (`--kernels`).
 
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
 
 import specjax
@@ -143,13 +141,14 @@ def kernels(target, name: str, specs, prompt_len: int, max_new: int):
   return columns
 
 
+@cli.usage_errors
 def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = cli.tool_parser(__doc__.splitlines()[0])
   compile_cache.add_arguments(parser)
   parser.add_argument("--chains", default="1,2,4,8,16")
-  parser.add_argument("--prompt-len", type=int, default=128)
-  parser.add_argument("--max-new-tokens", type=int, default=128)
-  parser.add_argument("--repeats", type=int, default=10)
+  parser.add_argument("--prompt-len", type=cli.positive_int, default=128)
+  parser.add_argument("--max-new-tokens", type=cli.positive_int, default=128)
+  parser.add_argument("--repeats", type=cli.positive_int, default=10)
   parser.add_argument("--targets", default="embedded,large")
   parser.add_argument("--dtype", default="float32", help="parameter dtype")
   parser.add_argument("--compute-dtype", default="float32", help="activation / cache dtype")

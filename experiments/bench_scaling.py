@@ -21,20 +21,14 @@ runs, not how it scales.
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import os
 
 import numpy as np
 
-from specjax import compile_cache
+from specjax import cli, compile_cache
 
 AR = "autoregressive"
-
-
-def _ints(text: str) -> list[int]:
-  return [int(x) for x in text.split(",") if x.strip()]
 
 
 def candidate_meshes(num_devices: int) -> list[str]:
@@ -124,29 +118,30 @@ def format_table(rows: list[dict]) -> str:
   return "\n".join(lines)
 
 
+@cli.usage_errors
 def main(argv=None) -> dict:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = cli.tool_parser(__doc__.splitlines()[0])
   compile_cache.add_arguments(parser)
   parser.add_argument("--target", default=None, help="HF-format folder (default: embedded)")
   parser.add_argument("--meshes", default=None,
                       help="';'-separated mesh specs, e.g. 'dp=8,tp=1;dp=2,tp=4' "
                       "(default: those the device count and the target allow)")
-  parser.add_argument("--devices", type=int, default=None,
+  parser.add_argument("--devices", type=cli.positive_int, default=None,
                       help="use the first N devices (default: all)")
-  parser.add_argument("--batches", type=_ints, default=[1, 8, 32])
+  parser.add_argument("--batches", type=cli.positive_ints, default=[1, 8, 32])
   parser.add_argument("--method", default=AR, help="autoregressive or a drafter name")
   parser.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
                       help="a drafter builder option, e.g. --option num_tokens=4")
-  parser.add_argument("--max-new-tokens", type=int, default=64)
-  parser.add_argument("--max-prompt-tokens", type=int, default=64)
+  parser.add_argument("--max-new-tokens", type=cli.positive_int, default=64)
+  parser.add_argument("--max-prompt-tokens", type=cli.positive_int, default=64)
   parser.add_argument("--dataset", choices=["humaneval", "stdlib_heldout", "random"],
                       default=None, help="prompts (default: humaneval with a tokenizer, "
                       "else random ids)")
   parser.add_argument("--data-dir", default=None)
-  parser.add_argument("--repeats", type=int, default=1, help="timed calls per cell")
+  parser.add_argument("--repeats", type=cli.positive_int, default=1, help="timed calls per cell")
   parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                       help="parameter storage dtype")
-  parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--seed", type=cli.seed, default=0)
   parser.add_argument("--out", default=None, help="also write the results to this JSON file")
   args = parser.parse_args(argv)
   compile_cache.from_args(args)
@@ -155,11 +150,18 @@ def main(argv=None) -> dict:
 
   import jax
 
-  from specjax import assets, config_utils, decoding, drafters, provenance, sharding
+  from specjax import assets, config_utils, decoding, drafters, files, provenance, sharding
   from specjax.benchmark import param_bytes
   from specjax.decoding import generate
   from specjax.interop.hf import load_target
 
+  if args.out and assets.is_shipped(args.out):  # before measuring
+    parser.error(f"--out {args.out} is inside the shipped assets folder: write it elsewhere")
+  if args.out:
+    try:
+      files.check_output_file(args.out, "--out file")
+    except ValueError as e:
+      parser.error(str(e))
   path = args.target or assets.TARGET_DIR
   if not os.path.exists(os.path.join(path, "config.json")):
     parser.error(f"no target at {path}: pass --target DIR (an HF-format folder)")
@@ -240,9 +242,7 @@ def main(argv=None) -> dict:
              "skipped_meshes": skipped, "rows": rows}
   if args.out:
     results["provenance"] = provenance.collect(vars(args))
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-      json.dump(results, f, indent=1, allow_nan=False)
+    files.write_json(args.out, results, indent=1, allow_nan=False)  # atomic
     print(f"results in {args.out}")
   if not all(r["matches_first_mesh"] for r in rows):
     print("WARNING: greedy outputs differ between meshes")

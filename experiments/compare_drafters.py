@@ -16,10 +16,9 @@ evaluator run now on the rows its training held out.
 
 from __future__ import annotations
 
-import argparse
 import os
 
-from specjax import assets, compile_cache, drafters, metrics
+from specjax import assets, cli, compile_cache, drafters, metrics
 from specjax.benchmark import BenchmarkConfig, load_prompts
 from specjax.decoding import generate
 from specjax.drafters import io, registry
@@ -52,16 +51,17 @@ def heldout(method: str, path: str | None, target) -> tuple[str, str]:
           f"{scores['chain_tau']:.2f}")
 
 
+@cli.usage_errors
 def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = cli.tool_parser(__doc__.splitlines()[0])
   compile_cache.add_arguments(parser)
   parser.add_argument("--drafter", action="append", required=True,
                       help="method or method=folder; repeat to compare")
   parser.add_argument("--trees", default="5,7", help="comma-separated tree shapes")
-  parser.add_argument("--recent-tokens", type=int, default=64)
+  parser.add_argument("--recent-tokens", type=cli.non_negative_int, default=64)
   parser.add_argument("--datasets", default="humaneval,stdlib_heldout")
-  parser.add_argument("--num-prompts", type=int, default=16)
-  parser.add_argument("--max-new-tokens", type=int, default=128)
+  parser.add_argument("--num-prompts", type=cli.positive_int, default=16)
+  parser.add_argument("--max-new-tokens", type=cli.positive_int, default=128)
   args = parser.parse_args(argv)
   compile_cache.from_args(args)
   cfg = BenchmarkConfig(num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens)

@@ -14,11 +14,12 @@ out/reproduce by default), prints each table and how long it took. What each tab
 from __future__ import annotations
 
 from specjax import cli, distributed
-from specjax.reproduce import TABLES, run
+from specjax.reproduce import TABLES, ReproduceConfig, run
 
 
 def main(argv=None):
-  parser = cli.config_parser(__doc__.splitlines()[0], default_config="configs/reproduce.py")
+  parser = cli.config_parser(__doc__.splitlines()[0], default_config="configs/reproduce.py",
+                             config_class=ReproduceConfig)
   parser.add_argument("table", choices=[*TABLES, "all"])
   parser.add_argument("--out", default=None, help="output folder (default: the config's)")
   args = parser.parse_args(argv)

@@ -10,14 +10,15 @@ the config's workdir and reaches the same parameters as an uninterrupted run.
 from __future__ import annotations
 
 from specjax import cli
-from specjax.train.drafter import train_drafter
+from specjax.train.drafter import DrafterTrainConfig, train_drafter
 
 REPORT = ("method", "num_params", "steps", "tokens_seen", "wall_seconds",
           "draft_vocab_coverage", "heldout_agreement_by_depth")
 
 
 def main(argv=None):
-  return cli.train_main(__doc__.splitlines()[0], train_drafter, REPORT, argv=argv)
+  return cli.train_main(__doc__.splitlines()[0], train_drafter, REPORT,
+                        config_class=DrafterTrainConfig, argv=argv)
 
 
 if __name__ == "__main__":

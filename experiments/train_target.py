@@ -11,7 +11,7 @@ the config's workdir and reaches the same parameters as an uninterrupted run.
 from __future__ import annotations
 
 from specjax import cli
-from specjax.train.target_lm import train_lm
+from specjax.train.target_lm import LMTrainConfig, train_lm
 
 REPORT = ("num_params", "steps", "tokens_seen", "wall_seconds", "heldout_loss",
           "unigram_baseline_loss")
@@ -19,7 +19,8 @@ REPORT = ("num_params", "steps", "tokens_seen", "wall_seconds", "heldout_loss",
 
 def main(argv=None):
   return cli.train_main(__doc__.splitlines()[0], train_lm, REPORT,
-                        default_config="configs/target_stdlib.py", argv=argv)
+                        default_config="configs/target_stdlib.py", config_class=LMTrainConfig,
+                        argv=argv)
 
 
 if __name__ == "__main__":

@@ -20,16 +20,25 @@ results.json and the printout then also give the mesh and the parameter bytes ea
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import jax
 import numpy as np
 from tqdm.auto import tqdm
 
-from specjax import assets, config_utils, distributed, drafters, metrics, provenance
+from specjax import assets, checks, config_utils, distributed, drafters, files, metrics, provenance
+from specjax.config_utils import (
+  Interval,
+  NonEmpty,
+  NonEmptyStr,
+  NonNegFloat,
+  NonNegInt,
+  PosInt,
+  Seed,
+  config,
+)
 from specjax.decoding import (
     PREFILL_CHUNK,
     bucket_length,
@@ -37,10 +46,12 @@ from specjax.decoding import (
     prefill_chunks,
     profile_phases,
 )
-from specjax.drafters.io import load_drafter
+from specjax.drafters import registry
+from specjax.drafters.io import check_tree_options, load_drafter
 from specjax.interop.hf import load_target
 from specjax.interop.tokenizer import ChatTemplate
-from specjax.sharding import bytes_per_device, describe, mesh_spec
+from specjax.sharding import AUTO as AUTO_MESH
+from specjax.sharding import bytes_per_device, check_mesh_spec, describe, mesh_spec
 from specjax.target import Target
 
 AR = "autoregressive"
@@ -51,41 +62,58 @@ PHASES = ("t_prefill", "t_draft", "t_verify")
 MAX_RELATIVE_SPREAD = 0.5
 
 
-@dataclasses.dataclass(frozen=True)
+DATASETS = ("humaneval", "stdlib_heldout", "stdlib_docstrings")
+DTYPES = Literal["float32", "bfloat16", "float16"]
+
+
+@config
 class BenchmarkConfig:
-  target: str | None = None  # HF folder; None = the shipped embedded target
-  dtype: str = "float32"  # the target's parameters ("bfloat16": half the memory of float32)
-  methods: tuple[str, ...] = ()  # () = autoregressive + drafters.available(target) + `drafter`
+  target: NonEmptyStr | None = None  # HF folder; None = the shipped embedded target
+  dtype: DTYPES = "float32"  # the target's parameters ("bfloat16": half the memory of float32)
+  methods: tuple[NonEmptyStr, ...] = ()  # () = AR + drafters.available(target) + `drafter`
   # Drafter folders by method name, e.g. --set drafter.eagle3=PATH: any folder load_drafter
   # reads (specjax's own, or a published EAGLE-3 / EAGLE / Medusa / DFlash checkpoint), an HF
   # folder for draft_lm. A name that is no registered method labels a learned drafter's row.
-  drafter: dict[str, str] = dataclasses.field(default_factory=dict)
+  drafter: dict[str, NonEmptyStr] = dataclasses.field(default_factory=dict)
   # Datasets: "humaneval", "stdlib_heldout", "stdlib_docstrings" (docstring-to-code from held-out
   # stdlib functions) or a JSONL prompt file (specjax.data.prompts).
-  datasets: tuple[str, ...] = ("humaneval", "stdlib_heldout")
-  prompts: str | None = None  # a JSONL prompt file; when set, the run's only dataset
+  datasets: Annotated[tuple[NonEmptyStr, ...], NonEmpty] = ("humaneval", "stdlib_heldout")
+  prompts: NonEmptyStr | None = None  # a JSONL prompt file; when set, the run's only dataset
   chat_template: bool = False  # render prompts with the target's chat template
   # The template's own switches, e.g. --set chat_options.enable_thinking=false (Qwen3).
   chat_options: dict[str, bool] = dataclasses.field(default_factory=dict)
-  num_prompts: int = 8
-  max_prompt_tokens: int = 256
-  max_new_tokens: int = 128
-  temperature: float = 0.0
-  top_k: int = 0
-  top_p: float = 1.0
-  seed: int = 0
+  num_prompts: PosInt = 8  # per dataset (fewer when a dataset has fewer: the tables say so)
+  max_prompt_tokens: PosInt = 256  # a longer prompt keeps its last this many tokens
+  max_new_tokens: PosInt = 128
+  temperature: NonNegFloat = 0.0
+  top_k: NonNegInt = 0
+  top_p: Annotated[float, Interval(gt=0, le=1)] = 1.0
+  seed: Seed = 0
   # Phase timings (draft, verify and prefill ms, and the drafting share, ideal speedups and loop
   # efficiency built on them): one more compiled program per method. false leaves them out, for
   # a quicker table of tau, tokens/s and speedup.
   profile: bool = True
-  profile_repeats: int = 10
-  out: str = "out/benchmark"
-  data_dir: str | None = None
+  profile_repeats: PosInt = 10
+  out: NonEmptyStr = "out/benchmark"
+  data_dir: NonEmptyStr | None = None
   # Per-method builder options as "method.option=value", e.g. "prompt_lookup.num_tokens=4".
   drafter_options: tuple[str, ...] = ()
   # A device mesh such as "dp=2,tp=4" (`specjax.sharding.make_mesh`); None = one device;
   # "auto" = tensor parallelism over every core or device the target allows (`auto_mesh`).
-  mesh: str | None = None
+  mesh: NonEmptyStr | None = None
+
+  def __post_init__(self):
+    if self.prompts is not None and not is_prompt_file(self.prompts):
+      raise ValueError(f"prompts {self.prompts!r} is not a JSONL prompt file (a path ending in "
+                       ".jsonl or .json)")
+    for dataset in self.datasets:
+      if dataset not in DATASETS and not is_prompt_file(dataset):
+        raise ValueError(f"datasets holds {dataset!r}, which is no dataset: datasets are "
+                         f"{list(DATASETS)} or JSONL prompt files (paths ending in .jsonl or "
+                         ".json)")
+    self.parsed_drafter_options()  # their syntax, before anything runs
+    if self.mesh is not None and self.mesh != AUTO_MESH:
+      check_mesh_spec(self.mesh)
 
   def parsed_drafter_options(self) -> list[tuple[str, str, str, str]]:
     """(item, method, option, value text) of each `drafter_options` item, which must read
@@ -119,10 +147,33 @@ def is_prompt_file(dataset: str) -> bool:
   return dataset.endswith((".jsonl", ".json"))
 
 
+@dataclasses.dataclass(frozen=True)
+class PromptSet:
+  """The token-id prompts a run decodes from one dataset, and what choosing them did: the
+  dataset's prompts (`available`), those without a single token (`empty`: skipped, a built-in
+  dataset's empty files; a prompt file refuses them), and how many were cut to their last
+  `max_prompt_tokens` tokens (`truncated`). Tables and results.json report them."""
+
+  rows: list[list[int]]
+  available: int
+  empty: int
+  truncated: int
+
+  def summary(self) -> dict[str, int]:
+    return {"prompts": len(self.rows), "available": self.available, "empty_skipped": self.empty,
+            "truncated": self.truncated}
+
+
 def load_prompts(target: Target, dataset: str, cfg: BenchmarkConfig) -> list[list[int]]:
   """Token-id prompts: HumanEval problem prompts, the openings of held-out stdlib files, held-out
   stdlib functions cut after their docstring, or the prompts of a JSONL file (rendered with the
-  target's chat template under `chat_template`)."""
+  target's chat template under `chat_template`): `prompt_set(...).rows`."""
+  return prompt_set(target, dataset, cfg).rows
+
+
+def prompt_set(target: Target, dataset: str, cfg: BenchmarkConfig) -> PromptSet:
+  """The first `cfg.num_prompts` prompts of `dataset` that have a token (see `load_prompts`),
+  each keeping its last `cfg.max_prompt_tokens` tokens, with what that choice did (`PromptSet`)."""
   from specjax import data
   from specjax.data import prompts as prompt_files
   template = ChatTemplate.from_folder(cfg.target or assets.TARGET_DIR) if (
@@ -142,9 +193,18 @@ def load_prompts(target: Target, dataset: str, cfg: BenchmarkConfig) -> list[lis
                      "'stdlib_docstrings' or a JSONL prompt file")
   texts = [prompt_files.render(p, template, **cfg.chat_options) for p in prompts]
   rows = [target.encode(t, add_special_tokens=template is None) for t in texts]
-  rows = [r for r in rows if len(r) >= 8][:cfg.num_prompts]
+  kept = [r for r in rows if r]
+  if len(kept) < len(rows) and is_prompt_file(dataset):
+    n = next(i for i, r in enumerate(rows) if not r)
+    raise ValueError(f"{dataset}: prompt {n + 1} encodes to no tokens; every prompt of a "
+                     "prompt file must have text")
+  if not kept:
+    raise ValueError(f"dataset {dataset!r} has no prompt with a token")
+  chosen = kept[:cfg.num_prompts]
   # Keep the end of long prompts: the continuation depends on the most recent context.
-  return [r[-cfg.max_prompt_tokens:] for r in rows]
+  return PromptSet(rows=[r[-cfg.max_prompt_tokens:] for r in chosen], available=len(kept),
+                   empty=len(rows) - len(kept),
+                   truncated=sum(len(r) > cfg.max_prompt_tokens for r in chosen))
 
 
 @dataclasses.dataclass
@@ -245,7 +305,7 @@ def run_methods(target: Target, runs: Sequence[tuple[str, dict[str, Any] | None]
         "tokens_per_second_repeats": [a["tokens"] / w for w in a["walls"]],
         "target_calls": a["calls"], "new_tokens": a["tokens"], "wall_seconds": a["walls"][0],
         "acceptance_by_depth": alpha, "accepted_by_depth": a["hist"].tolist(),
-        "batch_size": batch_size, "outputs": a["outputs"],
+        "batch_size": batch_size, "outputs": a["outputs"], "prompts": len(prompts),
         "prefill_chunks": sum(max(prefill_chunks(len(p), pad_to) for p in group)
                               for group in groups),
         "draft_nodes": 0 if drafter is None else drafter.num_nodes,
@@ -432,10 +492,26 @@ def markdown(records: list[dict[str, Any]], cfg: BenchmarkConfig,
   return "\n".join(lines + ([FOOTNOTE, ""] if cfg.profile else []))
 
 
+def prompts_ran(record: dict[str, Any], cfg: BenchmarkConfig) -> str:
+  """The prompts a record's run decoded, as its table's header says: how many (of how many the
+  config asked for, when the dataset had fewer), empty ones skipped, how many were cut."""
+  info = record.get("prompt_set")
+  if info is None:  # records of a caller that chose its own prompts
+    return f"{record.get('prompts', cfg.num_prompts)} prompts"
+  parts = [f"{info['prompts']} prompts"]
+  if info["prompts"] < cfg.num_prompts:
+    parts[0] += f" (of {cfg.num_prompts} asked: the dataset has {info['available']})"
+  if info["empty_skipped"]:
+    parts.append(f"{info['empty_skipped']} empty skipped")
+  if info["truncated"]:
+    parts.append(f"{info['truncated']} cut to their last {cfg.max_prompt_tokens} tokens")
+  return ", ".join(parts)
+
+
 def dataset_table(records: list[dict[str, Any]], cfg: BenchmarkConfig) -> list[str]:
   """The Markdown lines of one dataset's table (its records, finished by `_finish`; without
   `cfg.profile`, by `add_speedups`: no phase columns)."""
-  lines = [f"### {records[0]['dataset']} (T={cfg.temperature}, {cfg.num_prompts} prompts x "
+  lines = [f"### {records[0]['dataset']} (T={cfg.temperature}, {prompts_ran(records[0], cfg)} x "
            f"{cfg.max_new_tokens} new tokens, batch 1)", ""]
   header = ["method", "tau", "tokens/s", "speedup", "target calls"]
 
@@ -473,8 +549,10 @@ def pyplot():
   return plt
 
 
-def plot_acceptance(records: list[dict[str, Any]], path: str) -> str:
-  """Acceptance rate by draft depth, one panel per dataset and one line per method."""
+def plot_acceptance(records: list[dict[str, Any]], path: str,
+                    group: files.FileGroup | None = None) -> str:
+  """Acceptance rate by draft depth, one panel per dataset and one line per method; saved
+  atomically, or staged in `group` (`files.atomic_group`) to be replaced with its files."""
   plt = pyplot()
   datasets = list(dict.fromkeys(r["dataset"] for r in records))
   fig, axes = plt.subplots(1, len(datasets), figsize=(6 * len(datasets), 4), squeeze=False)
@@ -488,14 +566,18 @@ def plot_acceptance(records: list[dict[str, Any]], path: str) -> str:
            ylabel="P(accept d | accepted d-1)", ylim=(0, 1.05))
     ax.legend()
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+  try:
+    (files if group is None else group).save_figure(fig, path, dpi=120)
+  finally:
+    plt.close(fig)
   return path
 
 
-def plot(records: list[dict[str, Any]], out: str) -> list[str]:
+def plot(records: list[dict[str, Any]], out: str, group: files.FileGroup | None = None
+         ) -> list[str]:
+  """acceptance_by_depth.png and speedup.png in `out` (atomically, or staged in `group`)."""
   plt = pyplot()
-  paths = [plot_acceptance(records, os.path.join(out, "acceptance_by_depth.png"))]
+  paths = [plot_acceptance(records, os.path.join(out, "acceptance_by_depth.png"), group)]
   datasets = list(dict.fromkeys(r["dataset"] for r in records))
   fig, axes = plt.subplots(1, len(datasets), figsize=(6 * len(datasets), 4), squeeze=False)
   for ax, dataset in zip(axes[0], datasets):
@@ -513,8 +595,10 @@ def plot(records: list[dict[str, Any]], out: str) -> list[str]:
     ax.legend()
   fig.tight_layout()
   paths.append(os.path.join(out, "speedup.png"))
-  fig.savefig(paths[-1], dpi=120)
-  plt.close("all")
+  try:
+    (files if group is None else group).save_figure(fig, paths[-1], dpi=120)
+  finally:
+    plt.close("all")
   return paths
 
 
@@ -543,29 +627,44 @@ def check_drafter_options(cfg: BenchmarkConfig, methods: Sequence[str]) -> None:
   labelled folder (`drafter`; a config may set options for methods a --set leaves out). One
   naming none (a typo, or a list written as one item) would apply to nothing, silently."""
   known = set(methods) | set(drafters.names()) | set(cfg.drafter)
-  for item, name, _, _ in cfg.parsed_drafter_options():
+  for item, name, option, _ in cfg.parsed_drafter_options():
     if name not in known:
       raise ValueError(f"drafter option {item!r} names {name!r}, which is no method: not one "
                        f"of the run's {list(methods)}, a registered drafter or a labelled "
                        "folder (one option per item: --set "
                        "drafter_options=method.option=value,...)")
+    # The option's name, checked now (also for a method this run leaves out), not after the
+    # methods before it were measured. Its value is the builder's to check.
+    family = name if name in registry.families() else None
+    accepted = registry.options(name) if name in drafters.names() else None
+    try:
+      if accepted is not None:
+        checks.known_options(f"drafter {name!r}", [option], accepted)
+      elif family is not None:
+        check_tree_options(family, {option: None})
+    except ValueError as e:
+      raise ValueError(f"drafter option {item!r}: {e}") from None
 
 
 def run(cfg: BenchmarkConfig, report: Callable[[str], None] | None = None
         ) -> list[dict[str, Any]]:
   """Every method on every dataset; writes results.json, results.md and the plots to `cfg.out`.
   `report` (e.g. `print`) receives each dataset's table as soon as that dataset is done."""
+  assets.check_not_shipped(cfg.out, "the results folder (out)")  # before measuring
+  if distributed.is_main_process():
+    files.check_output_dir(cfg.out, "results folder (out)")
   target = configured_target(cfg)
   methods = methods_of(cfg, target)
   check_drafter_options(cfg, methods)
-  prompts = {dataset_name(d): load_prompts(target, d, cfg) for d in datasets_of(cfg)}
+  sets = {dataset_name(d): prompt_set(target, d, cfg) for d in datasets_of(cfg)}
+  prompts = {name: s.rows for name, s in sets.items()}
   records, memo = [], RunMemo()
   pad_to = common_pad(target, list(prompts.values()))
   total = sum(len(p) for p in prompts.values()) * len(methods)
   with tqdm(total=total, desc="benchmark", dynamic_ncols=True) as bar:
     for dataset, rows in prompts.items():
       bar.set_postfix(dataset=dataset)
-      group = [dict(r, dataset=dataset)
+      group = [dict(r, dataset=dataset, prompt_set=sets[dataset].summary())
                for r in run_methods(target, [(m, None) for m in methods], rows, cfg, bar,
                                     profile=cfg.profile, memo=memo, pad_to=pad_to)]
       if cfg.profile:
@@ -578,19 +677,29 @@ def run(cfg: BenchmarkConfig, report: Callable[[str], None] | None = None
           report("\n".join(["", *dataset_table(group, cfg), ""]))
   if not distributed.is_main_process():
     return records  # a multi-process run writes its results once, from process 0
-  os.makedirs(cfg.out, exist_ok=True)
-  block = provenance.collect(cfg)
   mesh_layout = None if target.mesh is None else layout(target, records)
-  with open(os.path.join(cfg.out, "results.json"), "w") as f:
-    # allow_nan=False: the file stays valid JSON (undefined ratios are null, never NaN).
-    json.dump({"config": config_utils.to_dict(cfg), "provenance": block, "records": records,
-               **({} if mesh_layout is None else {"layout": mesh_layout})}, f,
-              indent=1, allow_nan=False)
-  table = markdown(records, cfg, provenance.header(block), mesh_layout)
-  with open(os.path.join(cfg.out, "results.md"), "w") as f:
-    f.write(table)
-  plot(records, cfg.out)
+  write_results(cfg, records, provenance.collect(cfg), mesh_layout)
   return records
+
+
+def write_results(cfg: BenchmarkConfig, records: list[dict[str, Any]], block: dict[str, Any],
+                  mesh_layout: dict[str, Any] | None = None) -> list[str]:
+  """results.json, results.md and the plots in `cfg.out`, replaced together
+  (`files.atomic_group`): a failure while writing any of them (a full disk) leaves the previous
+  results whole and consistent. `block`: the run's provenance. Returns the paths."""
+  assets.check_not_shipped(cfg.out, "the results folder (out)")
+  out = cfg.out
+  with files.atomic_group() as group:
+    # allow_nan=False: the file stays valid JSON (undefined ratios are null, never NaN).
+    paths = [group.write_json(
+        os.path.join(out, "results.json"),
+        {"config": config_utils.to_dict(cfg), "provenance": block, "records": records,
+         **({} if mesh_layout is None else {"layout": mesh_layout})},
+        indent=1, allow_nan=False)]
+    paths.append(group.write_text(os.path.join(out, "results.md"),
+                                  markdown(records, cfg, provenance.header(block), mesh_layout)))
+    paths += plot(records, out, group)
+  return paths
 
 
 def sweep_trees(method: str, candidates: Sequence[dict[str, Any]], cfg: BenchmarkConfig

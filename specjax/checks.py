@@ -7,6 +7,7 @@ numbers only and raise ValueError naming the argument and what it may be.
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import numpy as np
@@ -61,3 +62,21 @@ def finite(name: str, value) -> float:
   if not math.isfinite(value):
     raise ValueError(f"{name} must be finite, got {value}")
   return value
+
+
+def keyword_options(fn) -> list[str]:
+  """The keyword options `fn` takes (its keyword parameters with defaults, sorted), or None
+  when it takes any (`**kwargs`)."""
+  params = inspect.signature(fn).parameters.values()
+  if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+    return None
+  return sorted(p.name for p in params if p.default is not inspect.Parameter.empty)
+
+
+def known_options(what: str, options, accepted) -> None:
+  """ValueError naming the options of `options` (names) that are not in `accepted`, and listing
+  the accepted ones: a misspelt option must not be dropped, nor fail as a bare TypeError."""
+  unknown = sorted(set(options) - set(accepted))
+  if unknown:
+    raise ValueError(f"{what} has no option{'s' * (len(unknown) > 1)} "
+                     f"{', '.join(map(repr, unknown))}; its options: {sorted(accepted)}")

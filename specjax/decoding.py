@@ -587,6 +587,9 @@ def _setup(target: Target, prompts, max_new_tokens: int, drafter, sampling: Samp
     pad_to = checks.integer("pad_to", pad_to, lo=1)
     if pad_to < longest:
       raise ValueError(f"pad_to={pad_to} is shorter than the longest prompt ({longest})")
+    if pad_to > cfg.max_position_embeddings:  # padding is allocated: never past the context
+      raise ValueError(f"pad_to={pad_to} exceeds the model's context of "
+                       f"{cfg.max_position_embeddings} tokens")
   p = pad_to or bucket_length(longest, cfg.max_position_embeddings)
   mesh = target.mesh
   copied = sharding.replicates_drafter(drafter, target.params, mesh)

@@ -101,6 +101,12 @@ def _cpu_devices_fixed_elsewhere() -> bool:
           or bool(os.environ.get("JAX_NUM_CPU_DEVICES")))
 
 
+def cpu_devices_free() -> bool:
+  """Whether this process may still choose its number of CPU devices: JAX's backend has not
+  started and the environment does not fix the count."""
+  return not _backend_started() and not _cpu_devices_fixed_elsewhere()
+
+
 def _set_cpu_devices(cpu_devices: int | str | None) -> None:
   if cpu_devices is None:
     return

@@ -344,7 +344,7 @@ def atomic_dir(path: str | os.PathLike, *, keep_others: bool = True,
   parent, name = os.path.split(final)
   os.makedirs(parent, exist_ok=True)
   if os.path.exists(final) and not os.path.isdir(final):
-    raise NotADirectoryError(f"{path} exists and is not a folder")
+    raise ValueError(f"{path} exists and is not a folder: an export is written as a folder")
   new = tempfile.mkdtemp(dir=parent, prefix=f".{name}.", suffix=_TMP)
   try:
     os.chmod(new, _mode_for(final, 0o777))

@@ -25,11 +25,20 @@ import math
 import os
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 
-from specjax import assets, config_utils, decoding, distributed, drafters, metrics, provenance
+from specjax import (
+  assets,
+  config_utils,
+  decoding,
+  distributed,
+  drafters,
+  files,
+  metrics,
+  provenance,
+)
 from specjax.benchmark import (
   AR,
   BenchmarkConfig,
@@ -46,6 +55,7 @@ from specjax.benchmark import (
   run_methods,
   unreliable_timings,
 )
+from specjax.config_utils import NonEmpty, NonEmptyStr, NonNegFloat, NonNegInt, PosInt, config
 from specjax.drafters import registry
 from specjax.sharding import describe
 
@@ -54,27 +64,40 @@ from specjax.sharding import describe
 BUDGET_DEPTH = 7
 
 
-@dataclasses.dataclass(frozen=True)
+@config
 class ReproduceConfig(BenchmarkConfig):
   """The benchmark's config plus each table's sizes. One-dataset tables (theory, budget, peers,
   batch) use the first dataset."""
 
-  datasets: tuple[str, ...] = ("humaneval", "stdlib_heldout", "stdlib_docstrings")
-  num_prompts: int = 4
-  max_new_tokens: int = 64
-  profile_repeats: int = 20  # loop lengths of the phase timings (theory) and the oracle (budget)
-  out: str = "out/reproduce"
-  temperatures: tuple[float, ...] = (0.0, 1.0)  # the methods table's
-  timing_repeats: int = 3  # passes over the prompts timed by the methods table
-  depth_methods: tuple[str, ...] = ()  # () = every learned drafter of the run
-  theory_methods: tuple[str, ...] = ("draft_lm", "eagle")  # chain drafters
-  theory_lengths: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8)
-  budget_methods: tuple[str, ...] = ("eagle", "dflash")
-  budget_nodes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
-  batch_methods: tuple[str, ...] = ("prompt_lookup", "draft_lm", "eagle")
-  batch_sizes: tuple[int, ...] = (1, 4, 16)
-  batch_prompts: int = 16
-  peer_threads: int = 0  # torch threads in the peers table; 0 = the cores JAX's CPU client uses
+  datasets: Annotated[tuple[NonEmptyStr, ...], NonEmpty] = (
+      "humaneval", "stdlib_heldout", "stdlib_docstrings")
+  num_prompts: PosInt = 4
+  max_new_tokens: PosInt = 64
+  profile_repeats: PosInt = 20  # loop lengths of the phase timings (theory), the oracle (budget)
+  out: NonEmptyStr = "out/reproduce"
+  temperatures: Annotated[tuple[NonNegFloat, ...], NonEmpty] = (0.0, 1.0)  # the methods table's
+  timing_repeats: PosInt = 3  # passes over the prompts timed by the methods table
+  depth_methods: tuple[NonEmptyStr, ...] = ()  # () = every learned drafter of the run
+  theory_methods: tuple[NonEmptyStr, ...] = ("draft_lm", "eagle")  # chain drafters
+  theory_lengths: Annotated[tuple[PosInt, ...], NonEmpty] = (1, 2, 3, 4, 5, 6, 7, 8)
+  budget_methods: tuple[NonEmptyStr, ...] = ("eagle", "dflash")
+  budget_nodes: Annotated[tuple[PosInt, ...], NonEmpty] = (1, 2, 4, 8, 16, 32, 64)
+  batch_methods: tuple[NonEmptyStr, ...] = ("prompt_lookup", "draft_lm", "eagle")
+  batch_sizes: Annotated[tuple[PosInt, ...], NonEmpty] = (1, 4, 16)
+  batch_prompts: PosInt = 16
+  peer_threads: NonNegInt = 0  # torch threads in the peers table; 0 = the cores JAX's client uses
+
+  def __post_init__(self):
+    super().__post_init__()
+    labels = sorted(set(self.drafter) - set(drafters.names()))  # folders named by a label
+    learned = registry.families()
+    for field, allowed in (("depth_methods", learned), ("budget_methods", learned),
+                           ("theory_methods", [*learned, *CHAIN_DRAFTERS]),
+                           ("batch_methods", [AR, *drafters.names()])):
+      for method in getattr(self, field):
+        if method not in allowed and method not in labels:
+          raise ValueError(f"{field} holds {method!r}, which it cannot run: it takes "
+                           f"{sorted(allowed)} or a folder's label (drafter.<label>=DIR)")
 
 
 def jax_threads() -> int:
@@ -99,6 +122,10 @@ def family_of(method: str, cfg: BenchmarkConfig) -> str:
   return io.read_config(path)["method"] if layout == formats.SPECJAX else layout
 
 
+# The model-free and draft-model drafters that draft a chain of a chosen length.
+CHAIN_DRAFTERS = ("prompt_lookup", "draft_lm", "layer_skip")
+
+
 def chain_options(method: str, g: int, cfg: BenchmarkConfig) -> dict[str, Any]:
   """`method` drafting a chain of g tokens, over the config's other options for it."""
   family = family_of(method, cfg)
@@ -106,7 +133,7 @@ def chain_options(method: str, g: int, cfg: BenchmarkConfig) -> dict[str, Any]:
     chain = registry.family(family).tree_options(str(g))
   elif family == "prompt_lookup":
     chain = dict(num_tokens=g, num_branches=1)
-  elif family in ("draft_lm", "layer_skip"):
+  elif family in CHAIN_DRAFTERS:
     chain = dict(num_tokens=g)
   else:
     raise ValueError(f"{method} drafts no chain of a chosen length; chain drafters: draft_lm, "
@@ -124,6 +151,15 @@ def tree_options(method: str, nodes: int, cfg: BenchmarkConfig) -> dict[str, Any
     top_k = 2 if nodes <= 16 else 4 if nodes <= 32 else 8
     spec = f"{BUDGET_DEPTH}x{top_k}x{nodes}"
   return {**cfg.options_for(method), **family.tree_options(spec)}
+
+
+def prompt_counts(records: Sequence[dict[str, Any]]) -> str:
+  """The prompts the records' runs decoded: "4 prompts", or per dataset where they differ (a
+  dataset with fewer prompts than the config asks for runs them all)."""
+  counts = {r["dataset"]: r["prompts"] for r in records}
+  if len(set(counts.values())) == 1:
+    return f"{next(iter(counts.values()))} prompts"
+  return "prompts " + ", ".join(f"{d}: {n}" for d, n in counts.items())
 
 
 def spread(values: Sequence[float]) -> float:
@@ -228,9 +264,12 @@ def _ms(r: dict[str, Any], phase: str) -> str:
 
 
 def _save(fig, path: str) -> str:
+  """The table's figure, written atomically (a failed write keeps the previous PNG)."""
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  pyplot().close(fig)
+  try:
+    files.save_figure(fig, path, dpi=120)
+  finally:
+    pyplot().close(fig)
   return path
 
 
@@ -264,7 +303,7 @@ def methods_table(s: Session, out: str) -> Result:
       rows.append(cells)
   ar = [f"{r['dataset']} T={r['temperature']:g}: {r['tokens_per_second']:.0f}"
         for r in records if r["method"] == AR]
-  lines = [f"### Methods ({cfg.num_prompts} prompts x {cfg.max_new_tokens} new tokens per "
+  lines = [f"### Methods ({prompt_counts(records)} x {cfg.max_new_tokens} new tokens per "
            f"dataset, batch 1)", ""] + _table(header, rows) + [
       f"Speedup: over autoregressive decoding in the same run, mean ± spread (max - min) over "
       f"{cfg.timing_repeats} timed passes; tau is emitted tokens per target call (one pass: the "
@@ -311,7 +350,7 @@ def depth_table(s: Session, out: str) -> Result:
   rows = [[r["method"], r["dataset"], r["draft_nodes"], f"{r['tau']:.2f}"]
           + ["-" if a is None else f"{a:.2f}"
              for a in (r["acceptance_by_depth"] + [None] * depth)[:depth]] for r in records]
-  lines = [f"### Acceptance rate by draft depth (T = 0, {s.cfg.num_prompts} prompts x "
+  lines = [f"### Acceptance rate by draft depth (T = 0, {prompt_counts(records)} x "
            f"{s.cfg.max_new_tokens} new tokens, each drafter's default tree)", ""]
   lines += _table(["drafter", "dataset", "nodes", "tau"] + [f"d={d}" for d in range(1, depth + 1)],
                   rows)
@@ -664,7 +703,9 @@ def run(names: Sequence[str], cfg: ReproduceConfig, *, echo: Callable[[str], Non
   unknown = [n for n in names if n not in TABLES]
   if unknown:
     raise ValueError(f"unknown table(s) {unknown}; tables: {list(TABLES)} or all")
-  os.makedirs(cfg.out, exist_ok=True)
+  assets.check_not_shipped(cfg.out, "the tables' folder (out)")  # before measuring
+  if distributed.is_main_process():
+    files.check_output_dir(cfg.out, "tables' folder (out)")
   block = provenance.collect(cfg)
   done: dict[str, dict[str, Any]] = {}
   with tqdm(total=0, desc="reproduce", dynamic_ncols=True) as bar:
@@ -680,8 +721,8 @@ def run(names: Sequence[str], cfg: ReproduceConfig, *, echo: Callable[[str], Non
       decoding.release_compiled()  # later tables keep the runs, not the programs
       bar.update(max(int(end) - bar.n, 0))  # runs kept from an earlier table took no time
       # A multi-process run measures on every process and writes from process 0.
-      files = write(name, result, cfg, block, seconds) if distributed.is_main_process() else []
-      done[name] = {"result": result, "seconds": seconds, "files": files + result.figures}
+      written = write(name, result, cfg, block, seconds) if distributed.is_main_process() else []
+      done[name] = {"result": result, "seconds": seconds, "files": written + result.figures}
       bar.clear()
       echo(f"\n{result.markdown}\n{name}: {seconds:.0f} s, wrote " + ", ".join(done[name]["files"]))
       bar.refresh()
@@ -692,11 +733,13 @@ def run(names: Sequence[str], cfg: ReproduceConfig, *, echo: Callable[[str], Non
 
 def write(name: str, result: Result, cfg: ReproduceConfig, block: dict[str, Any],
           seconds: float) -> list[str]:
+  """`<out>/<name>.md` and `.json`, replaced together (`files.atomic_group`): a failed write
+  leaves the previous pair whole."""
   md, js = os.path.join(cfg.out, f"{name}.md"), os.path.join(cfg.out, f"{name}.json")
-  with open(md, "w") as f:
-    f.write(f"Measured with {provenance.header(block)}\n\n{result.markdown}\n"
-            f"Table time: {seconds:.0f} s.\n")
-  with open(js, "w") as f:
-    json.dump({"table": name, "config": config_utils.to_dict(cfg), "provenance": block,
-               "seconds": seconds, **result.payload}, f, indent=1, allow_nan=False)
+  with files.atomic_group() as group:
+    group.write_text(md, f"Measured with {provenance.header(block)}\n\n{result.markdown}\n"
+                     f"Table time: {seconds:.0f} s.\n")
+    group.write_json(js, {"table": name, "config": config_utils.to_dict(cfg),
+                          "provenance": block, "seconds": seconds, **result.payload},
+                     indent=1, allow_nan=False)
   return [md, js]

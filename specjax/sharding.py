@@ -82,9 +82,9 @@ class ShardingError(ValueError):
 # -- meshes ------------------------------------------------------------------------------------
 
 
-def parse_mesh_spec(spec: str, num_devices: int) -> dict[str, int]:
-  """`"dp=2,tp=4"` -> {"data": 2, "model": 4}; one size may be -1 (the remaining devices); an
-  axis left out has size 1. The sizes must multiply to `num_devices`."""
+def check_mesh_spec(spec: str) -> dict[str, int]:
+  """The axis sizes `spec` names, {"data": 2, "model": -1} for "dp=2,tp=-1", its syntax checked
+  (no device count needed): dp / data and tp / model, each a positive int or -1, once each."""
   if not isinstance(spec, str) or not spec.strip():
     raise ShardingError(f"mesh spec must be a string such as 'dp=2,tp=4', got {spec!r}")
   sizes: dict[str, int] = {}
@@ -101,9 +101,22 @@ def parse_mesh_spec(spec: str, num_devices: int) -> dict[str, int]:
       raise ShardingError(f"mesh spec {spec!r}: size {value!r} is not an int") from None
     if sizes[axis] == 0 or sizes[axis] < -1:
       raise ShardingError(f"mesh spec {spec!r}: axis sizes are positive ints or -1")
-  free = [a for a, n in sizes.items() if n == -1]
-  if len(free) > 1:
+  if sum(n == -1 for n in sizes.values()) > 1:
     raise ShardingError(f"mesh spec {spec!r}: only one axis may be -1")
+  return sizes
+
+
+def spec_devices(spec: str) -> int | None:
+  """The number of devices mesh spec `spec` needs, or None when an axis is -1 (any count)."""
+  sizes = check_mesh_spec(spec)
+  return None if -1 in sizes.values() else math.prod(sizes.values())
+
+
+def parse_mesh_spec(spec: str, num_devices: int) -> dict[str, int]:
+  """`"dp=2,tp=4"` -> {"data": 2, "model": 4}; one size may be -1 (the remaining devices); an
+  axis left out has size 1. The sizes must multiply to `num_devices`."""
+  sizes = check_mesh_spec(spec)
+  free = [a for a, n in sizes.items() if n == -1]
   fixed = math.prod(n for n in sizes.values() if n != -1)
   if free:
     if num_devices % fixed:
@@ -113,8 +126,17 @@ def parse_mesh_spec(spec: str, num_devices: int) -> dict[str, int]:
   out = {DATA: sizes.get(DATA, 1), MODEL: sizes.get(MODEL, 1)}
   if math.prod(out.values()) != num_devices:
     raise ShardingError(f"mesh spec {spec!r} needs {math.prod(out.values())} devices, but "
-                        f"{num_devices} are available (use -1 for 'all remaining')")
+                        f"{num_devices} are available (use -1 for 'all remaining'){_cpu_hint()}")
   return out
+
+
+def _cpu_hint() -> str:
+  """How to get more devices on a CPU host, where JAX starts with one unless told."""
+  if jax.default_backend() != "cpu":
+    return ""
+  return ("; on a CPU, JAX has as many devices as asked before it starts: pass --cpu-devices N "
+          "to the experiment, call specjax.distributed.initialize(cpu_devices=N) first thing, "
+          "or set XLA_FLAGS=--xla_force_host_platform_device_count=N")
 
 
 def make_mesh(spec: str | Mesh | None = None, *, devices: Sequence[Any] | None = None) -> Mesh:

@@ -8,7 +8,7 @@ from typing import Any
 import jax
 from flax import nnx
 
-from specjax import sharding
+from specjax import checks, sharding
 from specjax.models import decoder
 from specjax.models.config import ModelConfig
 
@@ -58,6 +58,8 @@ class Target:
   `config.eos_token_id`, which `load_target` sets to the generation config's EOS when there is one.
   mesh: the device mesh the params are laid out on (`specjax.sharding`), None on one device;
   `generate` runs on it.
+  source: the folder it was loaded from (None for a target built in memory); a drafter that
+  records the model it was trained for is checked against it.
   """
 
   config: ModelConfig
@@ -65,6 +67,7 @@ class Target:
   tokenizer: Any = None
   generation: GenerationDefaults | None = None
   mesh: Any = None
+  source: str | None = None
 
   @classmethod
   def random(cls, config: ModelConfig, seed: int = 0, tokenizer: Any = None) -> Target:
@@ -100,6 +103,8 @@ class Target:
     chat template rendered, which spells its special tokens itself."""
     if self.tokenizer is None:
       raise ValueError("this target has no tokenizer: pass token ids instead of text")
+    if not isinstance(text, str):
+      raise ValueError(f"text must be a str, got {type(text).__name__}")
     return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
   def decode(self, ids, skip_special_tokens: bool = True) -> str:
@@ -107,4 +112,7 @@ class Target:
     with `skip_special_tokens=True` gives it."""
     if self.tokenizer is None:
       raise ValueError("this target has no tokenizer")
-    return self.tokenizer.decode([int(t) for t in ids], skip_special_tokens=skip_special_tokens)
+    vocab = self.config.vocab_size
+    ids = ids.tolist() if hasattr(ids, "tolist") else ids  # a numpy or jax array of ids
+    ids = [checks.integer("token id", t, lo=0, hi=vocab - 1) for t in ids]
+    return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)

@@ -132,12 +132,12 @@ def test_parse_value_typed():
   assert parse_value("3", int) == 3 and parse_value("0.5", float) == 0.5
   assert parse_value("true", bool) is True and parse_value("none", int | None) is None
   assert parse_value("3,6", tuple[int, ...]) == (3, 6)
-  with pytest.raises(ValueError, match=r"override 'x=abc': cannot parse 'abc' as int"):
+  with pytest.raises(ValueError, match=r"override 'x=abc': x must be an int, got 'abc'"):
     parse_value("abc", int, item="x=abc")
 
 
 @pytest.mark.parametrize("overrides,message", [
-    (["steps=abc"], r"override 'steps=abc': cannot parse 'abc' as int"),
+    (["steps=abc"], r"override 'steps=abc': steps must be an int, got 'abc'"),
     (["nosuchfield=1"], r"override 'nosuchfield=1': Outer has no field 'nosuchfield'"),
     (["inner.nope=1"], r"override 'inner.nope=1': Inner has no field 'inner.nope'"),
     (["steps.x=1"], r"override 'steps.x=1': steps is not a config"),

@@ -279,7 +279,7 @@ def test_atomic_dir_failing_midway_keeps_the_previous_folder(tmp_path):
   assert _snapshot(final) == {"config.json": b"three"}
   _only(tmp_path, "export")
   (tmp_path / "file").write_text("x")
-  with pytest.raises(NotADirectoryError):
+  with pytest.raises(ValueError, match="exists and is not a folder"):
     with files.atomic_dir(tmp_path / "file"):
       pass
 

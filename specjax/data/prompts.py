@@ -52,6 +52,8 @@ def _messages(value: Any, where: str) -> tuple[dict[str, str], ...]:
 
 def parse_line(value: Any, where: str) -> Prompt:
   if isinstance(value, str):
+    if not value:
+      raise ValueError(f"{where}: the prompt is empty")
     return Prompt(text=value)
   if not isinstance(value, dict):
     raise ValueError(f"{where}: a prompt line is a JSON string or object, got "
@@ -68,6 +70,8 @@ def parse_line(value: Any, where: str) -> Prompt:
     if key in value:
       if not isinstance(value[key], str):
         raise ValueError(f"{where}: {key} must be a string")
+      if not value[key]:
+        raise ValueError(f"{where}: {key} is empty")
       return Prompt(text=value[key])
   raise ValueError(f"{where}: no prompt in keys {sorted(value)}; expected one of "
                    f"{list(TEXT_KEYS) + list(CHAT_KEYS) + ['turns']}")
@@ -79,16 +83,22 @@ def read_prompts(path: str | os.PathLike) -> list[Prompt]:
   if not os.path.isfile(path):
     raise ValueError(f"no prompt file at {path}")
   prompts = []
-  with open(path, encoding="utf-8") as f:
-    for n, line in enumerate(f, 1):
-      if not line.strip():
-        continue
-      where = f"{path}:{n}"
-      try:
-        value = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise ValueError(f"{where}: not JSON ({e.msg})") from None
-      prompts.append(parse_line(value, where))
+  with open(path, "rb") as f:
+    raw_lines = f.read().splitlines()
+  for n, raw in enumerate(raw_lines, 1):
+    where = f"{path}:{n}"
+    try:
+      line = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+      raise ValueError(f"{where}: not UTF-8 text (byte {raw[e.start]:#04x} at column "
+                       f"{e.start + 1}); a prompt file is UTF-8 JSONL") from None
+    if not line.strip():
+      continue
+    try:
+      value = json.loads(line)
+    except json.JSONDecodeError as e:
+      raise ValueError(f"{where}: not JSON ({e.msg})") from None
+    prompts.append(parse_line(value, where))
   if not prompts:
     raise ValueError(f"{path} holds no prompts")
   return prompts

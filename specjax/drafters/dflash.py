@@ -46,6 +46,7 @@ import jax.numpy as jnp
 from flax import nnx, struct
 
 from specjax import checks, trees
+from specjax.config_utils import NonNegInt, PosInt, config
 from specjax.drafters import io, learned
 from specjax.drafters.base import DraftContext, Prefill, RoundResult, TargetFacts, TargetView
 from specjax.models import layers
@@ -55,14 +56,14 @@ from specjax.models.config import ModelConfig
 from specjax.models.layers import RMSNorm
 
 
-@dataclasses.dataclass(frozen=True)
+@config
 class DFlashConfig:
   model: ModelConfig  # the draft layers' shapes: the target's config, num_layers = draft layers
-  num_features: int = 3  # target layers fused
-  block_size: int = 8  # B: the last token and B - 1 masked positions
-  draft_vocab_size: int = 2048
-  mask_token_id: int | None = None  # a target embedding row as the mask; None: own mask vector
-  correction_rank: int = 0  # the causal correction's width (0: none; `Correction`)
+  num_features: PosInt = 3  # target layers fused
+  block_size: int = 8  # B: the last token and B - 1 masked positions (checked below)
+  draft_vocab_size: PosInt = 2048
+  mask_token_id: NonNegInt | None = None  # a target embedding row as the mask; None: own vector
+  correction_rank: NonNegInt = 0  # the causal correction's width (0: none; `Correction`)
   anchor_feature: bool = False  # the context before the anchor into the block's inputs (above)
 
   def __post_init__(self):

@@ -17,11 +17,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from specjax.config_utils import config
 from specjax.drafters import eagle_common, io, learned
 from specjax.models.config import ModelConfig
 
 
-@dataclasses.dataclass(frozen=True)
+@config
 class EagleConfig:
   """model: the draft layer's shapes (heads, head_dim, MLP width, RoPE, q/k/v bias, q/k norm):
   the target's config with num_layers = 1 when specjax trains the head, the published head's own

@@ -18,17 +18,18 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from specjax.config_utils import PosInt, config
 from specjax.drafters import eagle_common, io, learned
 from specjax.models import decoder
 from specjax.models.config import ModelConfig
 from specjax.models.layers import RMSNorm
 
 
-@dataclasses.dataclass(frozen=True)
+@config
 class Eagle3Config:
   model: ModelConfig  # the drafter layer's shapes: the target's config with num_layers = 1
-  num_features: int = 3  # target layers fused
-  draft_vocab_size: int = 2048
+  num_features: PosInt = 3  # target layers fused
+  draft_vocab_size: PosInt = 2048
 
   @property
   def dtype(self) -> str:

@@ -22,15 +22,16 @@ import numpy as np
 from flax import nnx, struct
 
 from specjax import trees
+from specjax.config_utils import PosInt, config
 from specjax.drafters import io, learned, static_tree
 from specjax.drafters.base import DraftContext, TargetView
 from specjax.drafters.static_tree import HeadState, StaticTreeDrafter
 
 
-@dataclasses.dataclass(frozen=True)
+@config
 class HydraConfig:
-  hidden_size: int
-  num_heads: int = 4
+  hidden_size: PosInt
+  num_heads: PosInt = 4
   dtype: str = "float32"
 
   def with_dtype(self, dtype: str) -> HydraConfig:

@@ -23,11 +23,13 @@ from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
+import pydantic
 from flax import nnx
 from safetensors import SafetensorError, safe_open
-from safetensors.flax import save_file
+from typing_extensions import Required, TypedDict  # pydantic needs these on Python < 3.12
 
-from specjax import assets, checks, config_utils, sharding
+from specjax import assets, checks, config_utils, files, sharding
+from specjax.config_utils import NonNegInt, PosInt
 from specjax.drafters import learned, registry
 from specjax.interop.tokenizer import tokenizer_fingerprint
 from specjax.models.config import ModelConfig
@@ -64,18 +66,23 @@ _NET_CODECS = config_utils.hf_codecs(ModelConfig)
 
 def save_drafter(path: str | os.PathLike, method: str, net, params: nnx.State, d2t,
                  target_cfg: ModelConfig, tokenizer=None, metadata: dict[str, Any] | None = None,
-                 dtype: str | None = None, hidden_layers: Sequence[int] | None = None) -> None:
+                 dtype: str | None = None, hidden_layers: Sequence[int] | None = None, *,
+                 overwrite_shipped: bool = False) -> None:
   """Writes the folder; `dtype` (e.g. "bfloat16") casts the stored weights; the target's
   tokenizer, when given, is fingerprinted so a drafter is never paired with other token ids;
-  `hidden_layers` are the target states the drafter reads (default: its family's)."""
+  `hidden_layers` are the target states the drafter reads (default: its family's).
+
+  The folder is written beside `path` and swapped in whole (`files.atomic_dir`): a failed export
+  leaves the previous drafter complete. Its other files (a tune_tree.json, say) are kept; the
+  previous metadata.json is not when `metadata` is None (it described other weights). A folder
+  inside the shipped assets needs `overwrite_shipped=True`."""
+  assets.check_writable(path, overwrite_shipped, "the drafter folder")
   fam = family(method)
-  os.makedirs(path, exist_ok=True)
   tensors = {}
   for key, var in nnx.to_flat_state(params):
     x = jnp.asarray(var[...])
     tensors[".".join(str(k) for k in key)] = x.astype(dtype) if dtype else x
   tensors["d2t"] = jnp.asarray(d2t, jnp.int32)
-  save_file(tensors, os.path.join(path, WEIGHTS))
   config = {
       "method": method,
       "net": config_utils.to_dict(net.with_dtype(dtype) if dtype else net, codecs=_NET_CODECS),
@@ -86,25 +93,60 @@ def save_drafter(path: str | os.PathLike, method: str, net, params: nnx.State, d
                  "hidden_size": target_cfg.hidden_size, "num_layers": target_cfg.num_layers,
                  "tokenizer_sha256": tokenizer_fingerprint(tokenizer)},
   }
-  with open(os.path.join(path, CONFIG), "w") as f:
-    json.dump(config, f, indent=2)
-  if metadata is not None:
-    with open(os.path.join(path, METADATA), "w") as f:
-      json.dump(metadata, f, indent=2)
+  with files.atomic_dir(path, drop=(CONFIG, WEIGHTS, METADATA)) as out:
+    files.save_safetensors(tensors, os.path.join(out, WEIGHTS), framework="flax")
+    files.write_json(os.path.join(out, CONFIG), config, indent=2)
+    if metadata is not None:
+      files.write_json(os.path.join(out, METADATA), metadata, indent=2)
+
+
+@pydantic.with_config(pydantic.ConfigDict(strict=True, allow_inf_nan=False))
+class _TargetRecord(TypedDict, total=False):
+  architecture: str
+  vocab_size: Required[PosInt]
+  hidden_size: Required[PosInt]
+  num_layers: Required[PosInt]
+  tokenizer_sha256: str | None
+
+
+@pydantic.with_config(pydantic.ConfigDict(strict=True, allow_inf_nan=False))
+class _FolderConfig(TypedDict, total=False):
+  """A specjax drafter folder's config.json (module docstring), by type and range."""
+
+  method: Required[str]
+  net: Required[dict[str, Any]]
+  hidden_layers: Required[list[NonNegInt]]
+  draft_vocab_size: PosInt
+  target: Required[_TargetRecord]
+  tree: dict[str, Any]
+
+
+_FOLDER_CONFIG = pydantic.TypeAdapter(_FolderConfig)
 
 
 def read_config(path: str | os.PathLike) -> dict[str, Any]:
+  """A specjax drafter folder's config.json, each key checked for its type and range (an error
+  names the file and the key)."""
   file = os.path.join(path, CONFIG)
   if not os.path.isfile(file):
     raise ValueError(f"no drafter at {path}: {CONFIG} is missing")
   try:
-    with open(file) as f:
+    with open(file, encoding="utf-8") as f:
       config = json.load(f)
-  except json.JSONDecodeError as e:
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
     raise ValueError(f"corrupt drafter config {file}: {e}") from None
+  if not isinstance(config, dict):
+    raise ValueError(f"drafter config {file} must hold a JSON object")
   for key in ("method", "net", "hidden_layers", "target"):
     if key not in config:
       raise ValueError(f"drafter config {file} has no {key!r}")
+  try:
+    _FOLDER_CONFIG.validate_python(config)
+  except pydantic.ValidationError as e:
+    err = e.errors(include_url=False)[0]
+    key = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"]).lstrip(".")
+    raise ValueError(f"drafter config {file}: {key} {config_utils.requirement(err)}, got "
+                     f"{err.get('input')!r}") from None
   return config
 
 
@@ -146,10 +188,20 @@ def load_drafter(path: str | os.PathLike, target, *, format: str | None = None,
     that many draft ids (`shrink_vocab`)."""
   read = read_drafter(path, target, format=format)
   options = {**read.tree, **{k: v for k, v in tree_options.items() if v is not None}}
+  check_tree_options(read.method, options)
   read = shrink_vocab(read, options.pop("draft_vocab", None))
   drafter = family(read.method).assemble(read.net, read.params, jnp.asarray(read.d2t), target,
                                          read.hidden_layers, **options)
   return _placed(drafter, target)
+
+
+def check_tree_options(method: str, options: dict[str, Any]) -> None:
+  """ValueError naming any option a `method` drafter does not take, and listing those it does:
+  its family's tree options (`Family.assemble`) and `draft_vocab`."""
+  accepted = checks.keyword_options(family(method).assemble)
+  if accepted is not None:
+    checks.known_options(f"drafter {method!r}", options, [*accepted, "draft_vocab", "path",
+                                                          "format"])
 
 
 def read_drafter(path: str | os.PathLike, target, *, format: str | None = None):
@@ -170,8 +222,9 @@ def read_drafter(path: str | os.PathLike, target, *, format: str | None = None):
     if not 0 <= i <= target.config.num_layers:
       raise ValueError(f"drafter {path} reads hidden layer {i}, outside [0, "
                        f"{target.config.num_layers}]")
-  net = config_utils.from_dict(fam.config_cls, config["net"], strict=False,
-                              codecs=_NET_CODECS).with_dtype(dtype)
+  net = config_utils.from_dict(fam.config_cls, config["net"], strict=False, codecs=_NET_CODECS,
+                              where=f"drafter config {os.path.join(path, CONFIG)} (net)"
+                              ).with_dtype(dtype)
   tensors = _read_tensors(path)
   if "d2t" not in tensors:
     raise ValueError(f"drafter weights {path} have no d2t (draft-to-target id map)")
@@ -213,19 +266,22 @@ def _placed(drafter, target):
 
 
 def export_drafter(path: str | os.PathLike, drafter, target, format: str,
-                   dtype: str | None = None) -> None:
+                   dtype: str | None = None, *, overwrite_shipped: bool = False) -> None:
   """Writes a loaded learned drafter in a published layout (`specjax.interop.formats`), for
-  the tools that read that layout; `load_drafter` reads it back."""
+  the tools that read that layout; `load_drafter` reads it back. A folder inside the shipped
+  assets needs `overwrite_shipped=True`."""
   from specjax.interop import formats
-  formats.write(path, drafter, target, format, dtype)
+  formats.write(path, drafter, target, format, dtype, overwrite_shipped=overwrite_shipped)
 
 
-def set_default_tree(path: str | os.PathLike, **tree_options) -> None:
-  """Records tree options (e.g. tuned on held-out prompts) as the folder's defaults."""
+def set_default_tree(path: str | os.PathLike, *, overwrite_shipped: bool = False,
+                     **tree_options) -> None:
+  """Records tree options (e.g. tuned on held-out prompts) as the folder's defaults (its
+  config.json, replaced atomically); a shipped folder needs `overwrite_shipped=True`."""
+  assets.check_writable(path, overwrite_shipped, "the drafter folder")
   config = read_config(path)
   config["tree"] = tree_options
-  with open(os.path.join(path, CONFIG), "w") as f:
-    json.dump(config, f, indent=2)
+  files.write_json(os.path.join(path, CONFIG), config, indent=2)
 
 
 def init_drafter(method: str, target, *, seed: int = 0, d2t=None, **tree_options):
@@ -234,6 +290,7 @@ def init_drafter(method: str, target, *, seed: int = 0, d2t=None, **tree_options
 
   d2t: the draft vocabulary as target ids (default: the whole target vocabulary)."""
   fam = family(method)
+  check_tree_options(method, tree_options)
   d2t = jnp.arange(target.config.vocab_size, dtype=jnp.int32) if d2t is None else jnp.asarray(
       d2t, jnp.int32)
   taps = fam.default_taps(target.config)

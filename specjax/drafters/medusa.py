@@ -19,23 +19,22 @@ import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
+from specjax.config_utils import NonNegInt, PosInt, config
 from specjax.drafters import io, learned, static_tree
 from specjax.drafters.base import DraftContext, TargetView
 from specjax.drafters.static_tree import HeadState, StaticTreeDrafter
 
 
-@dataclasses.dataclass(frozen=True)
+@config
 class MedusaConfig:
-  hidden_size: int  # E of the target
-  num_heads: int = 4  # K: head k predicts the token k + 1 after the last committed one
+  hidden_size: PosInt  # E of the target
+  num_heads: PosInt = 4  # K: head k predicts the token k + 1 after the last committed one
   dtype: str = "float32"
-  num_layers: int = 1  # applications of each head's (one, shared) residual block
+  num_layers: PosInt = 1  # applications of each head's (one, shared) residual block
   own_heads: bool = False  # each head its own LM head [E, Vd] (else the target's, restricted)
-  draft_vocab_size: int = 0  # Vd of the own heads (own_heads only)
+  draft_vocab_size: NonNegInt = 0  # Vd of the own heads (own_heads only)
 
   def __post_init__(self):
-    if self.num_layers < 1:
-      raise ValueError(f"Medusa's num_layers must be >= 1, got {self.num_layers}")
     if self.own_heads and self.draft_vocab_size < 1:
       raise ValueError("Medusa's own heads need draft_vocab_size >= 1")
 

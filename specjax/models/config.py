@@ -11,10 +11,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any, Literal
+import typing
+from typing import Annotated, Any, Literal
 
 import jax.numpy as jnp
+import pydantic
+from typing_extensions import Required, TypedDict  # pydantic needs these on Python < 3.12
 
+from specjax import config_utils
+from specjax.config_utils import Interval, NonNegInt, PosFloat, PosInt, config
 from specjax.models.attention import attention_impls
 
 Architecture = Literal["llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text"]
@@ -39,15 +44,15 @@ _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.floa
 _ROPE_TYPES = ("default", "llama3", "linear")
 
 
-@dataclasses.dataclass(frozen=True)
+@config
 class RopeScaling:
   """RoPE frequency scaling. `rope_type` is one of "default", "llama3", "linear"."""
 
   rope_type: str = "default"
-  factor: float = 1.0
-  low_freq_factor: float = 1.0  # llama3 only
-  high_freq_factor: float = 4.0  # llama3 only
-  original_max_position_embeddings: int = 8192  # llama3 only
+  factor: PosFloat = 1.0
+  low_freq_factor: PosFloat = 1.0  # llama3 only
+  high_freq_factor: PosFloat = 4.0  # llama3 only
+  original_max_position_embeddings: PosInt = 8192  # llama3 only
 
   def __post_init__(self):
     if self.rope_type not in _ROPE_TYPES:
@@ -55,7 +60,7 @@ class RopeScaling:
           f"unsupported rope scaling type {self.rope_type!r}; supported: {_ROPE_TYPES}")
 
 
-@dataclasses.dataclass(frozen=True)
+@config
 class ModelConfig:
   """A decoder-only transformer of the Llama family (Llama 2/3, Mistral, Qwen2, Qwen3, Phi-3).
 
@@ -80,39 +85,39 @@ class ModelConfig:
   applies when there is at least one.
   """
 
-  architecture: Architecture = "llama"
-  vocab_size: int = 32000
-  hidden_size: int = 4096  # E
-  intermediate_size: int = 11008
-  num_layers: int = 32  # L
-  num_heads: int = 32  # H
-  num_kv_heads: int = 32  # K; == H is MHA, 1 is MQA, otherwise GQA
-  head_dim: int = 128  # D
-  rms_norm_eps: float = 1e-6
-  rope_theta: float = 10000.0
+  architecture: str = "llama"  # an `Architecture` (checked below, naming the supported ones)
+  vocab_size: PosInt = 32000
+  hidden_size: PosInt = 4096  # E
+  intermediate_size: PosInt = 11008
+  num_layers: PosInt = 32  # L
+  num_heads: PosInt = 32  # H
+  num_kv_heads: PosInt = 32  # K; == H is MHA, 1 is MQA, otherwise GQA
+  head_dim: PosInt = 128  # D
+  rms_norm_eps: PosFloat = 1e-6
+  rope_theta: PosFloat = 10000.0
   rope_scaling: RopeScaling = RopeScaling()
-  max_position_embeddings: int = 4096
+  max_position_embeddings: PosInt = 4096
   tie_word_embeddings: bool = False
   qkv_bias: bool = False
   o_bias: bool = False
   mlp_bias: bool = False
   qk_norm: bool = False
-  sliding_window: int | None = None  # see the class docstring; None: full attention
+  sliding_window: PosInt | None = None  # see the class docstring; None: full attention
   # Qwen2/Qwen3 with a window: layers with index >= this slide (the others attend fully). Kept so
   # that a saved config.json says what the checkpoint said; the limit above covers every layer.
-  max_window_layers: int | None = None
+  max_window_layers: NonNegInt | None = None
   # Gemma 2 / Gemma 3 (text); off for the other families.
   norm_offset: bool = False  # RMSNorm scales by (1 + w): w is stored as an offset (zeros init)
   embed_scale: bool = False  # the embeddings are multiplied by sqrt(hidden_size)
   sandwich_norms: bool = False  # also norm each sublayer's output, before its residual add
   hidden_act: str = "silu"  # the MLP gate's activation: "silu" (SwiGLU), "gelu_pytorch_tanh"
-  query_pre_attn_scalar: float | None = None  # attention scale this ** -0.5 (None: head_dim's)
-  attn_logit_softcapping: float | None = None  # scores -> tanh(scores / cap) * cap, pre-mask
-  final_logit_softcapping: float | None = None  # logits -> tanh(logits / cap) * cap
-  rope_local_theta: float | None = None  # RoPE base of "sliding_attention" layers (Gemma 3)
+  query_pre_attn_scalar: PosFloat | None = None  # attention scale this ** -0.5 (None: head_dim's)
+  attn_logit_softcapping: PosFloat | None = None  # scores -> tanh(scores / cap) * cap, pre-mask
+  final_logit_softcapping: PosFloat | None = None  # logits -> tanh(logits / cap) * cap
+  rope_local_theta: PosFloat | None = None  # RoPE base of "sliding_attention" layers (Gemma 3)
   layer_types: tuple[str, ...] | None = None  # per layer: "full_attention" | "sliding_attention"
-  bos_token_id: int | None = None
-  eos_token_id: tuple[int, ...] = ()
+  bos_token_id: NonNegInt | None = None
+  eos_token_id: tuple[NonNegInt, ...] = ()
   dtype: str = "float32"  # parameter (storage) dtype: the checkpoint's, or what loading asks for
   # Activations, matmul outputs, logits and the KV cache. The numerics policy: float32 whatever the
   # storage dtype, so a bfloat16 checkpoint decodes as the float32 model of its own weights, whose
@@ -135,12 +140,6 @@ class ModelConfig:
     if self.attention_impl not in attention_impls():
       raise ValueError(f"unknown attention_impl {self.attention_impl!r}; "
                        f"registered: {attention_impls()}")
-    for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
-                 "head_dim", "max_position_embeddings"):
-      if getattr(self, name) <= 0:
-        raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-    if self.sliding_window is not None and self.sliding_window <= 0:
-      raise ValueError(f"sliding_window must be positive or None, got {self.sliding_window}")
     if self.sliding_window is not None and self.architecture == "llama":
       raise ValueError("a Llama config has no sliding_window (Mistral, Qwen2/Qwen3 and Phi-3 do)")
     if self.max_window_layers is not None and (
@@ -163,10 +162,6 @@ class ModelConfig:
                        f"(gemma2, gemma3_text), not {self.architecture}")
     if self.hidden_act not in _ACTIVATIONS:
       raise ValueError(f"unsupported hidden_act {self.hidden_act!r}; supported: {_ACTIVATIONS}")
-    for name in ("query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping",
-                 "rope_local_theta"):
-      if getattr(self, name) is not None and not getattr(self, name) > 0:
-        raise ValueError(f"{name} must be positive or None, got {getattr(self, name)}")
     if self.layer_types is not None:
       if len(self.layer_types) != self.num_layers or not set(self.layer_types) <= set(
           _LAYER_TYPES):
@@ -236,9 +231,21 @@ class ModelConfig:
   # -- Hugging Face config.json ------------------------------------------------------------------
 
   @classmethod
-  def from_hf_dict(cls, d: dict[str, Any], **overrides) -> ModelConfig:
-    """Builds a config from a parsed HF `config.json`; raises ValueError on what we cannot run."""
+  def from_hf_dict(cls, d: dict[str, Any], *, where: str = "config.json", **overrides
+                   ) -> ModelConfig:
+    """Builds a config from a parsed HF `config.json`; raises ValueError on what we cannot run,
+    and on a key of the wrong type or range (`HF_KEYS`), naming `where` (the file) and the key."""
+    if not isinstance(d, dict):
+      raise ValueError(f"{where} must hold a JSON object, got {type(d).__name__}")
     arch = _architecture_of(d)
+    check_hf_keys(d, where)
+    try:
+      return cls._from_checked_hf_dict(arch, d, **overrides)
+    except ValueError as e:
+      raise ValueError(f"{where}: {e}") from None
+
+  @classmethod
+  def _from_checked_hf_dict(cls, arch: str, d: dict[str, Any], **overrides) -> ModelConfig:
     num_heads = d["num_attention_heads"]
     hidden = d["hidden_size"]
     head_dim = d.get("head_dim") or hidden // num_heads
@@ -297,12 +304,14 @@ class ModelConfig:
 
   @classmethod
   def from_json_file(cls, path: str | os.PathLike, **overrides) -> ModelConfig:
-    with open(path) as f:
-      try:
+    try:
+      with open(path, encoding="utf-8") as f:
         d = json.load(f)
-      except json.JSONDecodeError as e:
-        raise ValueError(f"{path} is not valid JSON: {e}") from e
-    return cls.from_hf_dict(d, **overrides)
+    except json.JSONDecodeError as e:
+      raise ValueError(f"{path} is not valid JSON: {e}") from None
+    except UnicodeDecodeError as e:
+      raise ValueError(f"{path} is not UTF-8 text (a config.json is JSON): {e}") from None
+    return cls.from_hf_dict(d, where=os.fspath(path), **overrides)
 
   def to_hf_dict(self) -> dict[str, Any]:
     """The `config.json` that transformers reads for this model (4.x and 5.x spellings both)."""
@@ -354,7 +363,8 @@ class ModelConfig:
   def _gemma_hf_dict(self) -> dict[str, Any]:
     d: dict[str, Any] = dict(
         hidden_act=self.hidden_act, hidden_activation=self.hidden_act,
-        attention_bias=self.qkv_bias, query_pre_attn_scalar=self.query_pre_attn_scalar,
+        attention_bias=self.qkv_bias,
+        query_pre_attn_scalar=_int_if_whole(self.query_pre_attn_scalar),
         attn_logit_softcapping=self.attn_logit_softcapping,
         final_logit_softcapping=self.final_logit_softcapping,
         sliding_window=self.sliding_window, layer_types=list(self.layer_types or ()) or None,
@@ -367,6 +377,77 @@ class ModelConfig:
                                 "sliding_attention": _rope_dict(local, RopeScaling())},
                rope_local_base_freq=local)
     return d
+
+
+# The config.json keys specjax reads, by type and range (the others are ignored, as transformers
+# ignores keys its config class does not know). Wrong JSON types fail here, naming the key, rather
+# than inside a trace: "64" is not a width, 2.0 is not a layer count, null is not an epsilon.
+@pydantic.with_config(pydantic.ConfigDict(strict=True, allow_inf_nan=False))
+class HF_KEYS(TypedDict, total=False):  # noqa: N801 (a schema, named as the file's keys)
+  architectures: list[str] | None
+  model_type: str | None
+  vocab_size: Required[PosInt]
+  hidden_size: Required[PosInt]
+  intermediate_size: Required[PosInt]
+  num_hidden_layers: Required[PosInt]
+  num_attention_heads: Required[PosInt]
+  num_key_value_heads: PosInt | None
+  head_dim: PosInt | None
+  hidden_act: str | None
+  hidden_activation: str | None
+  rms_norm_eps: PosFloat
+  rope_theta: PosFloat
+  rope_scaling: dict[str, Any] | None
+  rope_parameters: dict[str, Any] | None
+  partial_rotary_factor: Annotated[float, Interval(gt=0, le=1)] | None
+  max_position_embeddings: PosInt
+  tie_word_embeddings: bool | None
+  attention_bias: bool | None
+  mlp_bias: bool | None
+  use_sliding_window: bool | None
+  sliding_window: PosInt | None
+  max_window_layers: NonNegInt | None
+  sliding_window_pattern: PosInt
+  layer_types: list[str] | None
+  bos_token_id: NonNegInt | None
+  eos_token_id: NonNegInt | list[NonNegInt] | None
+  query_pre_attn_scalar: PosFloat | None
+  attn_logit_softcapping: PosFloat | None
+  final_logit_softcapping: PosFloat | None
+  rope_local_base_freq: PosFloat
+  use_bidirectional_attention: bool | None
+  dtype: str | None
+  torch_dtype: str | None
+
+
+_HF_KEYS = pydantic.TypeAdapter(HF_KEYS)
+
+
+def check_hf_keys(d: dict[str, Any], where: str = "config.json") -> None:
+  """ValueError naming `where`, the key, its value and what it must be, for the keys of the
+  config.json dict `d` that `HF_KEYS` refuses (a missing required key included)."""
+  try:
+    _HF_KEYS.validate_python(d)
+  except pydantic.ValidationError as e:
+    hints = typing.get_type_hints(HF_KEYS, include_extras=True)
+    by_key: dict[str, list[dict[str, Any]]] = {}
+    for err in e.errors(include_url=False):
+      by_key.setdefault(str(err["loc"][0]), []).append(err)
+    problems = []
+    for key, errs in list(by_key.items())[:3]:
+      if errs[0]["type"] == "missing":
+        problems.append(f"{key!r} is missing (a required key)")
+        continue
+      # A key of a union type fails once per member: quote the whole type instead.
+      need = (config_utils.requirement(errs[0], hints[key]) if len(errs) == 1
+              and len(errs[0]["loc"]) == 1 else f"must be {config_utils.type_name(hints[key])}")
+      problems.append(f"{key!r} is {d[key]!r} ({type(d[key]).__name__}): it {need}")
+    raise ValueError(f"{where}: " + "; ".join(problems)) from None
+
+
+def _int_if_whole(x: float | None) -> int | float | None:
+  """transformers types Gemma's `query_pre_attn_scalar` as an int (its checks refuse 256.0)."""
+  return int(x) if x is not None and float(x).is_integer() else x
 
 
 def _rope_dict(theta: float, scaling: RopeScaling) -> dict[str, Any]:

@@ -2,24 +2,36 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 
 import jax
 import optax
 
+from specjax.config_utils import (
+  Fraction,
+  Interval,
+  NonNegFloat,
+  NonNegInt,
+  PosFloat,
+  PosInt,
+  config,
+)
 
-@dataclasses.dataclass(frozen=True)
+# Adam's moment decays: in [0, 1).
+Decay = Annotated[float, Interval(ge=0, lt=1)]
+
+
+@config
 class OptimConfig:
-  learning_rate: float = 3e-3
-  warmup_steps: int = 200
-  total_steps: int = 3000
-  final_lr_ratio: float = 0.1  # cosine decays to learning_rate * final_lr_ratio
-  weight_decay: float = 0.1
-  clip_norm: float = 1.0
-  b1: float = 0.9
-  b2: float = 0.95
+  learning_rate: PosFloat = 3e-3
+  warmup_steps: NonNegInt = 200
+  total_steps: PosInt = 3000
+  final_lr_ratio: Fraction = 0.1  # cosine decays to learning_rate * final_lr_ratio
+  weight_decay: NonNegFloat = 0.1
+  clip_norm: PosFloat = 1.0
+  b1: Decay = 0.9
+  b2: Decay = 0.95
 
   def __post_init__(self):
     if self.warmup_steps >= self.total_steps:

@@ -17,15 +17,15 @@ import os
 import platform
 import sys
 import sysconfig
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from specjax import provenance, sharding
-from specjax.config_utils import to_dict
+from specjax import assets, provenance, sharding
+from specjax.config_utils import Ge, NonEmptyStr, NonNegInt, PosInt, Seed, config, to_dict
 from specjax.data import pipeline, stdlib_code
 from specjax.data import tokenizer as tokenizer_lib
 from specjax.interop.hf import save_hf
@@ -37,39 +37,44 @@ from specjax.train import loop
 from specjax.train.optim import OptimConfig, make_optimizer
 
 
-@dataclasses.dataclass(frozen=True)
+@config
 class DataConfig:
-  data_dir: str | None = None  # TFDS data dir (default: $SPECJAX_DATA_DIR or the user cache)
-  source_dir: str | None = None  # a folder of .py files instead of the stdlib (tests, CI)
-  tokenizer_path: str | None = None  # reuse this tokenizer.json instead of training one
+  data_dir: NonEmptyStr | None = None  # TFDS data dir (default: $SPECJAX_DATA_DIR or the cache)
+  source_dir: NonEmptyStr | None = None  # a folder of .py files instead of the stdlib (tests)
+  tokenizer_path: NonEmptyStr | None = None  # reuse this tokenizer.json instead of training one
 
 
-@dataclasses.dataclass(frozen=True)
+@config
 class LMTrainConfig:
   """An LM training run. `model.vocab_size` must equal the tokenizer's vocabulary size."""
 
   model: ModelConfig
   optim: OptimConfig
   data: DataConfig = DataConfig()
-  seq_len: int = 512
-  batch_size: int = 16
+  seq_len: Annotated[int, Ge(2)] = 512
+  batch_size: PosInt = 16
   # Sequence-length curriculum: the last `long_steps` steps train on `long_seq_len`-token rows
   # (batch shrunk to keep tokens per step), so the model learns its full context cheaply.
-  long_steps: int = 0
-  long_seq_len: int = 1024
-  seed: int = 0
-  log_every: int = 10
-  eval_every: int = 250
-  save_every: int = 250
-  eval_rows: int = 64  # held-out rows scored at each periodic evaluation (all rows at the end)
+  long_steps: NonNegInt = 0
+  long_seq_len: Annotated[int, Ge(2)] = 1024
+  seed: Seed = 0
+  log_every: PosInt = 10
+  eval_every: PosInt = 250
+  save_every: PosInt = 250
+  eval_rows: PosInt = 64  # held-out rows scored at each periodic evaluation (all at the end)
   # Device mesh to train on, a `specjax.sharding` spec such as "dp=4,tp=2" over every device
   # (None: one device). Not a run setting: a checkpoint resumes on any mesh.
-  mesh: str | None = None
-  workdir: str = "runs/target_stdlib"
-  export_dir: str | None = None  # default: <workdir>/export
-  export_dtype: str = "float32"
+  mesh: NonEmptyStr | None = None
+  workdir: NonEmptyStr = "runs/target_stdlib"
+  export_dir: NonEmptyStr | None = None  # default: <workdir>/export
+  export_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
 
   def __post_init__(self):
+    if self.mesh is not None:
+      sharding.check_mesh_spec(self.mesh)
+    if self.long_steps >= self.optim.total_steps:
+      raise ValueError(f"long_steps ({self.long_steps}) must be < optim.total_steps "
+                       f"({self.optim.total_steps}): they are the run's last steps")
     longest = self.long_seq_len if self.long_steps else self.seq_len
     self.model.check_window(longest, "the training sequence length")
     if longest > self.model.max_position_embeddings:
@@ -188,8 +193,16 @@ def training_mesh(cfg: LMTrainConfig):
 
 
 def train_lm(cfg: LMTrainConfig, *, stop_after: int | None = None,
-             progress: bool = True) -> dict[str, Any]:
-  """Runs (or resumes) the training described by `cfg`; exports when it reaches the end."""
+             progress: bool = True, overwrite_shipped: bool = False) -> dict[str, Any]:
+  """Runs (or resumes) the training described by `cfg`; exports when it reaches the end.
+
+  The summary's `resumed_from` is the checkpoint step this run resumed from (None: a fresh
+  start). A non-finite loss or params raise `loop.NonFiniteError`, and nothing is exported.
+  An export_dir inside the shipped assets needs `overwrite_shipped=True` (`--overwrite-shipped`),
+  checked before any work; the workdir never lies there."""
+  assets.check_writable(cfg.export_dir or os.path.join(cfg.workdir, "export"),
+                        overwrite_shipped, "export_dir")
+  assets.check_not_shipped(cfg.workdir, "workdir")
   mesh, param_shardings = training_mesh(cfg)
   loop.check_run_config(cfg.workdir, cfg)
   data = prepare_data(cfg)
@@ -209,19 +222,22 @@ def train_lm(cfg: LMTrainConfig, *, stop_after: int | None = None,
       desc=f"train {model_cfg.architecture} {n_params / 1e6:.2f}M", mesh=mesh,
       param_shardings=param_shardings)
   summary: dict[str, Any] = {"step": result.step, "history": result.history,
-                             "params": result.params, "finished": False}
+                             "params": result.params, "finished": False,
+                             "resumed_from": result.resumed_from}
   if result.step < cfg.optim.total_steps:
     return summary
   export_dir = cfg.export_dir or os.path.join(cfg.workdir, "export")
-  metadata = export(cfg, model_cfg, result, data, export_dir)
+  metadata = export(cfg, model_cfg, result, data, export_dir,
+                    overwrite_shipped=overwrite_shipped)
   summary.update(finished=True, export_dir=export_dir, metadata=metadata)
   return summary
 
 
 def export(cfg: LMTrainConfig, model_cfg: ModelConfig, result: loop.TrainResult,
-           data: PreparedData, export_dir: str) -> dict[str, Any]:
-  """Writes the HF folder + tokenizer (+ its config) + metadata.json; scores the exported weights
-  held-out."""
+           data: PreparedData, export_dir: str, *, overwrite_shipped: bool = False
+           ) -> dict[str, Any]:
+  """Writes the HF folder + tokenizer (+ its config) + metadata.json (one atomic folder swap,
+  `save_hf`); scores the exported weights held-out."""
   export_cfg = model_cfg.replace(dtype=cfg.export_dtype)
   params = jax.tree.map(lambda x: x.astype(export_cfg.jnp_dtype), result.params)
   # Score what is shipped: the exported weights read back in float32, at the final context.
@@ -247,7 +263,8 @@ def export(cfg: LMTrainConfig, model_cfg: ModelConfig, result: loop.TrainResult,
       "provenance": provenance.collect(),  # the config is "training"
   }
   save_hf(Target(export_cfg, params, data.tokenizer), export_dir,
-          extra_files={"metadata.json": json.dumps(metadata, indent=2)})
+          extra_files={"metadata.json": json.dumps(metadata, indent=2)},
+          overwrite_shipped=overwrite_shipped)
   return metadata
 
 

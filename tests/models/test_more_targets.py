@@ -110,7 +110,7 @@ def test_sliding_window_configs():
     ModelConfig.from_hf_dict(dict(llama, use_sliding_window=True))
   with pytest.raises(ValueError, match="Llama config has no sliding_window"):
     ModelConfig.from_hf_dict(llama).replace(sliding_window=32)
-  with pytest.raises(ValueError, match="sliding_window must be positive"):
+  with pytest.raises(ValueError, match=r"sliding_window must be an int >= 1 or none, got 0"):
     ModelConfig.from_hf_dict(d.to_dict()).replace(sliding_window=0)
 
 

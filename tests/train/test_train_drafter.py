@@ -332,7 +332,7 @@ def test_bad_configs_are_rejected():
   with pytest.raises(ValueError, match=r"feature_noise is not an option of hydra .*read by "
                      r"\['eagle', 'eagle3'\]"):
     load_config("configs/hydra_stdlib.py", ["feature_noise=0.1"])
-  with pytest.raises(ValueError, match="feature_noise must be >= 0"):
+  with pytest.raises(ValueError, match="feature_noise must be a float >= 0"):
     load_config("configs/eagle_stdlib.py", ["feature_noise=-0.1"])
   with pytest.raises(ValueError, match=r"target_layers is not an option of eagle .*read by "
                      r"\['dflash', 'eagle3'\]"):

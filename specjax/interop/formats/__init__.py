@@ -19,6 +19,7 @@ from __future__ import annotations
 import abc
 import importlib
 import os
+import warnings
 from typing import Any
 
 from specjax.interop.formats.common import Checkpoint, Converted, read_config, tensor_names
@@ -65,7 +66,13 @@ def names() -> list[str]:
 
 
 def get(name: str) -> Format:
+  """The published layout `name` (`specjax`, the library's own, has no Format: its folders are
+  written by `drafters.io.save_drafter` and read by `load_drafter`)."""
   _load_builtin()
+  if name == SPECJAX:
+    raise ValueError(f"{SPECJAX!r} is specjax's own drafter folder layout, which "
+                     "specjax.drafters.io.save_drafter writes and load_drafter reads; the "
+                     f"published formats are {sorted(_FORMATS)}")
   if name not in _FORMATS:
     raise ValueError(f"unknown drafter format {name!r}; known: {names()}")
   return _FORMATS[name]
@@ -78,8 +85,8 @@ def detect(path: str | os.PathLike) -> str:
   if not os.path.isdir(path):
     raise ValueError(f"no drafter folder at {path}")
   config = read_config(path)
-  if config is not None and "method" in config and "net" in config:
-    return SPECJAX
+  if config is not None and ("method" in config or "net" in config):
+    return SPECJAX  # specjax's own keys (`drafters.io.read_config` names any missing one)
   tensors = tensor_names(path, [n for f in _FORMATS.values() for n in f.weight_names])
   if config is None and not tensors:
     raise ValueError(f"no drafter at {path}: config.json is missing, and no weights of a "
@@ -94,22 +101,57 @@ def detect(path: str | os.PathLike) -> str:
                    f"tensors {sorted(tensors)[:6]}, files {sorted(os.listdir(path))[:8]}")
 
 
+# config.json keys by which published drafters record the target they were trained for.
+TARGET_KEYS = ("base_model_name_or_path", "base_model", "target_model", "target_model_path")
+
+
 def read(path: str | os.PathLike, target, format: str) -> Converted:
-  """Reads a published folder in layout `format` for `target`."""
+  """Reads a published folder in layout `format` for `target`; warns when the folder records
+  another target than the folder `target` was loaded from (`check_recorded_target`)."""
   fmt = get(format)
-  return fmt.read(Checkpoint(path, fmt.weight_names), target)
+  ckpt = Checkpoint(path, fmt.weight_names)
+  converted = fmt.read(ckpt, target)
+  check_recorded_target(ckpt.config, target, os.fspath(path))
+  return converted
 
 
-def write(path: str | os.PathLike, drafter, target, format: str, dtype: str | None = None
-          ) -> None:
+def _model_name(path: str) -> str:
+  return os.path.basename(os.path.normpath(path)).lower()
+
+
+def check_recorded_target(config: dict[str, Any] | None, target, where: str) -> None:
+  """A drafter whose shapes fit the target but whose config.json names another model (Medusa's
+  `base_model_name_or_path`, ...) was trained on another model's states: it loads, and stays
+  lossless, but drafts worse. Warns when the recorded name and the target's folder
+  (`Target.source`) differ by their last path component (hub ids and folders are named alike)."""
+  recorded = next((config[k] for k in TARGET_KEYS
+                   if config and isinstance(config.get(k), str) and config[k]), None)
+  source = getattr(target, "source", None)
+  if recorded is None or source is None or _model_name(recorded) == _model_name(source):
+    return
+  warnings.warn(f"{where}: this drafter records its target as {recorded!r}, but the target was "
+                f"loaded from {source}: its shapes fit, so it loads and the output stays "
+                "lossless, but a drafter trained on another model's states is accepted less "
+                "often", UserWarning, stacklevel=3)
+
+
+def write(path: str | os.PathLike, drafter, target, format: str, dtype: str | None = None,
+          *, overwrite_shipped: bool = False) -> None:
   """Writes `drafter` (a learned drafter of the format's family, for `target`) in layout
-  `format`; `dtype` casts the stored weights."""
+  `format`; `dtype` casts the stored weights. The folder is written beside `path` and swapped in
+  whole (`specjax.files.atomic_dir`), so a failed write leaves the previous folder complete;
+  its files the layout does not write are kept, but for earlier weights (safetensors files and
+  their index). A folder inside the shipped assets needs `overwrite_shipped=True`."""
+  from specjax import assets, files
   from specjax.drafters import registry
+  assets.check_writable(path, overwrite_shipped, f"the {format} drafter folder")
   fmt = get(format)
   if not isinstance(drafter.net, registry.family(fmt.method).config_cls):
     raise ValueError(f"the {format} layout holds {fmt.method} drafters, got one with a "
                      f"{type(drafter.net).__name__} network")
-  fmt.write(os.fspath(path), drafter, target, dtype)
+  stale = ("*.safetensors", "*.safetensors.index.json")
+  with files.atomic_dir(path, drop=stale) as out:
+    fmt.write(out, drafter, target, dtype)
 
 
 BUILTIN = ("eagle3", "eagle", "medusa", "dflash")

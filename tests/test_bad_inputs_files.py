@@ -1,0 +1,277 @@
+"""Bad files, in one table: target checkpoints (`config.json` of the wrong types, broken
+weights and tokenizers), specjax drafter folders, prompt files and `generate`'s padding.
+
+Each case takes a fresh copy of a tiny checkpoint or drafter folder, breaks one thing, and must
+raise a ValueError that names the file (or line) and the problem; nothing reaches a trace or a
+library's own exception. The folders are made once per module with `save_hf` / `save_drafter`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+import specjax
+from specjax import drafters
+from specjax.benchmark import BenchmarkConfig, load_prompts
+from specjax.data import prompts as prompt_files
+from specjax.drafters import io
+from tests.helpers import tiny_targets as tt
+
+V = tt.GREEDY_VOCAB
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+  """A saved tiny target (with the shipped tokenizer's first ids as a WordLevel vocabulary is
+  not needed: no tokenizer) and a saved Medusa drafter for it."""
+  root = tmp_path_factory.mktemp("bad_files")
+  target = tt.greedy_target()
+  specjax.save_hf(target, root / "target")
+  drafter = io.init_drafter("medusa", target)
+  io.save_drafter(root / "medusa", "medusa", drafter.net, drafter.params, drafter.d2t,
+                  target.config)
+  return root, target
+
+
+def _copy(folders, name, tmp_path):
+  root, _ = folders
+  shutil.copytree(root / name, tmp_path / name)
+  return tmp_path / name
+
+
+def _edit_json(path, **changes):
+  with open(path) as f:
+    d = json.load(f)
+  for key, value in changes.items():
+    node = d
+    *parents, leaf = key.split("__")
+    for p in parents:
+      node = node[p]
+    if value is _DELETE:
+      del node[leaf]
+    else:
+      node[leaf] = value
+  with open(path, "w") as f:
+    json.dump(d, f)
+
+
+_DELETE = object()
+
+
+def config_json(**changes):
+  return lambda folder: _edit_json(folder / "config.json", **changes)
+
+
+def write(name, data: bytes):
+  def mutate(folder):
+    with open(folder / name, "wb") as f:
+      f.write(data)
+  return mutate
+
+
+def _truncate(name):
+  def mutate(folder):
+    path = folder / name
+    with open(path, "r+b") as f:
+      f.truncate(os.path.getsize(path) // 3)
+  return mutate
+
+
+def _drop_d2t(folder):
+  t = load_file(folder / "model.safetensors")
+  del t["d2t"]
+  save_file(t, folder / "model.safetensors")
+
+
+def _d2t_outside(folder):
+  t = load_file(folder / "model.safetensors")
+  t["d2t"] = (t["d2t"] + V).astype(np.int32)
+  save_file(t, folder / "model.safetensors")
+
+
+TARGETS = {
+    "width_as_text": (config_json(hidden_size="32"),
+                      r"config\.json: 'hidden_size' is '32' \(str\): it must be an int"),
+    "layers_as_float": (config_json(num_hidden_layers=2.0),
+                        r"'num_hidden_layers' is 2\.0 \(float\): it must be an int"),
+    "eps_null": (config_json(rms_norm_eps=None),
+                 r"'rms_norm_eps' is None \(NoneType\): it must be a number"),
+    "eps_negative": (config_json(rms_norm_eps=-1e-6), r"'rms_norm_eps' is -1e-06 .*must be a "
+                                                      r"float > 0"),
+    "width_missing": (config_json(hidden_size=_DELETE), r"'hidden_size' is missing \(a required "
+                                                        r"key\)"),
+    "vocab_zero": (config_json(vocab_size=0), r"'vocab_size' is 0 \(int\): it must be an int >= 1"),
+    "heads_as_list": (config_json(num_attention_heads=[2]), r"'num_attention_heads' is \[2\]"),
+    "eos_as_text": (config_json(eos_token_id="2"), r"'eos_token_id' is '2' \(str\)"),
+    "eos_negative": (config_json(eos_token_id=[1, -2]), r"'eos_token_id' is \[1, -2\]"),
+    "tie_as_text": (config_json(tie_word_embeddings="yes"),
+                    r"'tie_word_embeddings' is 'yes' \(str\): it must be true or false"),
+    "rope_theta_zero": (config_json(rope_theta=0), r"'rope_theta' is 0 .*must be a float > 0"),
+    "kv_heads_not_dividing": (config_json(num_key_value_heads=3),
+                              r"config\.json: ModelConfig: num_heads \(2\) must be a multiple of "
+                              r"num_kv_heads \(3\)"),
+    "rope_scaling_negative": (config_json(rope_scaling={"rope_type": "linear", "factor": -2.0}),
+                              r"config\.json: RopeScaling\.factor must be a float > 0"),
+    "rope_scaling_unknown": (config_json(rope_scaling={"rope_type": "yarn", "factor": 2.0}),
+                             r"unsupported rope scaling type 'yarn'"),
+    "dtype_unknown": (config_json(torch_dtype="int8"), r"unsupported checkpoint dtype 'int8'"),
+    "architecture_unknown": (config_json(architectures=["FalconForCausalLM"], model_type="falcon"),
+                             r"unsupported architecture FalconForCausalLM .*supported: "),
+    "config_a_list": (write("config.json", b"[1, 2]"), r"config\.json must hold a JSON object"),
+    "config_not_utf8": (write("config.json", b'{"a": "\xff"}'), r"config\.json is not UTF-8"),
+    "config_not_json": (write("config.json", b"{oops"), r"config\.json is not valid JSON"),
+    "config_empty": (write("config.json", b""), r"config\.json is not valid JSON"),
+    "weights_truncated": (_truncate("model.safetensors"), r"corrupt safetensors file"),
+    "weights_not_safetensors": (write("model.safetensors", b"PK\x03\x04 not a safetensors"),
+                                r"corrupt safetensors file"),
+    "generation_config_eos_outside": (
+        lambda folder: _edit_json(folder / "generation_config.json", eos_token_id=V + 1),
+        r"generation_config\.json: eos_token_id 97 outside the vocabulary \[0, 96\)"),
+}
+
+
+@pytest.mark.parametrize("case", list(TARGETS))
+def test_broken_target_folder_is_named(folders, tmp_path, case):
+  folder = _copy(folders, "target", tmp_path)
+  specjax.load_target(folder)  # the copy loads before it is broken
+  mutate, message = TARGETS[case]
+  mutate(folder)
+  with pytest.raises(ValueError, match=message):
+    specjax.load_target(folder)
+
+
+DRAFTERS = {
+    "taps_negative": (config_json(hidden_layers=[-1]),
+                      r"drafter config .*config\.json: hidden_layers\[0\] must be >= 0"),
+    "taps_as_text": (config_json(hidden_layers="2"), r"hidden_layers must be a list, got '2'"),
+    "vocab_size_text": (config_json(draft_vocab_size="96"),
+                        r"draft_vocab_size must be an int, got '96'"),
+    "target_record_missing_width": (config_json(target__hidden_size=_DELETE),
+                                    r"target\.hidden_size field required|target\.hidden_size"),
+    "target_record_other_width": (config_json(target__hidden_size=64),
+                                  r"was trained for a target with hidden_size 64, this target "
+                                  r"has 32"),
+    "method_unknown": (config_json(method="medusa2"),
+                       r"unknown learned drafter method 'medusa2'"),
+    "method_missing": (config_json(method=_DELETE), r"has no 'method'"),
+    "net_heads_as_text": (config_json(net__num_heads="4"),
+                          r"drafter config .*\(net\): MedusaConfig\.num_heads must be an int, "
+                          r"got '4'"),
+    "net_unknown_field_ignored_width_zero": (config_json(net__hidden_size=0),
+                                             r"MedusaConfig\.hidden_size must be an int >= 1"),
+    "tree_not_a_dict": (config_json(tree=[1]), r"tree must be a mapping"),
+    "tree_unknown_option": (config_json(tree={"dept": 3}),
+                            r"drafter 'medusa' has no option 'dept'; its options: \['choices'"),
+    "config_not_json": (write("config.json", b"{"), r"corrupt drafter config"),
+    "config_missing": (lambda folder: os.remove(folder / "config.json"),
+                       r"medusa is not a drafter folder of a known format .*no config\.json"),
+    "weights_missing": (lambda folder: os.remove(folder / "model.safetensors"),
+                        r"drafter weights missing: .*model\.safetensors"),
+    "weights_truncated": (_truncate("model.safetensors"), r"corrupt drafter weights"),
+    "d2t_missing": (_drop_d2t, r"have no d2t"),
+    "d2t_outside_vocab": (_d2t_outside, r"d2t ids outside the target vocabulary \[0, 96\)"),
+}
+
+
+@pytest.mark.parametrize("case", list(DRAFTERS))
+def test_broken_drafter_folder_is_named(folders, tmp_path, case):
+  _, target = folders
+  folder = _copy(folders, "medusa", tmp_path)
+  io.load_drafter(folder, target)  # the copy loads before it is broken
+  mutate, message = DRAFTERS[case]
+  mutate(folder)
+  with pytest.raises(ValueError, match=message):
+    io.load_drafter(folder, target)
+
+
+def _prompt_file(tmp_path, data: bytes):
+  path = tmp_path / "prompts.jsonl"
+  path.write_bytes(data)
+  return path
+
+
+PROMPT_FILES = {
+    "not_utf8": (b'"fine"\n"\xff\xfe"\n', r"prompts\.jsonl:2: not UTF-8 text \(byte 0xff at "
+                                           r"column 2\)"),
+    "not_json": (b'"fine"\n{"prompt": \n', r"prompts\.jsonl:2: not JSON"),
+    "empty_text": (b'"fine"\n""\n', r"prompts\.jsonl:2: the prompt is empty"),
+    "empty_prompt_key": (b'{"prompt": ""}\n', r"prompts\.jsonl:1: prompt is empty"),
+    "number_line": (b"3\n", r"prompts\.jsonl:1: a prompt line is a JSON string or object, got "
+                            r"int"),
+    "no_prompt_key": (b'{"id": 1}\n', r"prompts\.jsonl:1: no prompt in keys \['id'\]"),
+    "prompt_not_text": (b'{"prompt": 5}\n', r"prompts\.jsonl:1: prompt must be a string"),
+    "messages_empty": (b'{"messages": []}\n', r"messages must be a non-empty list"),
+    "message_without_role": (b'{"messages": [{"content": "hi"}]}\n',
+                             r"each message needs a string role and content"),
+    "turns_not_text": (b'{"turns": [1]}\n', r"turns must be a non-empty list of strings"),
+    "blank_lines_only": (b"\n  \n", r"prompts\.jsonl holds no prompts"),
+}
+
+
+@pytest.mark.parametrize("case", list(PROMPT_FILES))
+def test_broken_prompt_file_names_the_line(tmp_path, case):
+  data, message = PROMPT_FILES[case]
+  with pytest.raises(ValueError, match=message):
+    prompt_files.read_prompts(_prompt_file(tmp_path, data))
+
+
+def test_missing_prompt_file_and_conversation_without_template(tmp_path):
+  with pytest.raises(ValueError, match=r"no prompt file at .*nope\.jsonl"):
+    prompt_files.read_prompts(tmp_path / "nope.jsonl")
+  chat = prompt_files.Prompt(messages=({"role": "user", "content": "a"},
+                                       {"role": "assistant", "content": "b"}))
+  with pytest.raises(ValueError, match=r"needs the checkpoint's chat template"):
+    prompt_files.render(chat, None)
+
+
+def test_benchmark_keeps_short_prompts_and_says_what_ran(tmp_path):
+  """Prompts of one token run (they were once dropped silently below 8 tokens), prompts are cut
+  to their last max_prompt_tokens tokens, and the set reports both."""
+  from specjax.benchmark import prompt_set
+  target = specjax.load_target("specjax/assets/target")
+  path = _prompt_file(tmp_path, b'"x"\n"def f():"\n"' + b"a = 1\\n" * 40 + b'"\n')
+  cfg = BenchmarkConfig(prompts=str(path), num_prompts=8, max_prompt_tokens=16)
+  got = prompt_set(target, str(path), cfg)
+  assert len(got.rows) == 3 and got.available == 3 and got.empty == 0
+  assert len(got.rows[0]) < 8 and got.truncated == 1 and max(map(len, got.rows)) == 16
+  assert load_prompts(target, str(path), cfg) == got.rows
+
+
+def test_generate_refuses_padding_past_the_context():
+  with pytest.raises(ValueError, match=r"pad_to=1000000000 exceeds the model's context of 256"):
+    specjax.generate(tt.greedy_target(), [[1, 2, 3]], max_new_tokens=2, pad_to=10**9)
+
+
+def test_builder_options_are_checked_by_name():
+  target = tt.greedy_target()
+  with pytest.raises(ValueError, match=r"drafter 'ngram' has no option 'num_token'; its "
+                                       r"options: \['match_scale', 'max_ngram'"):
+    drafters.build("ngram", target, num_token=3)
+  with pytest.raises(ValueError, match=r"drafter 'eagle' has no option 'dept'; its options: "
+                                       r"\['depth', 'draft_vocab'"):
+    io.init_drafter("eagle", target, dept=3)
+
+
+def test_published_drafter_recording_another_target_is_warned_about(folders, tmp_path):
+  """A published Medusa folder whose shapes fit the target loads, but one whose config.json
+  names another base model than the target's folder says so (the output stays lossless)."""
+  import warnings
+  root, _ = folders
+  target = specjax.load_target(root / "target")
+  drafter = io.load_drafter(root / "medusa", target)
+  io.export_drafter(tmp_path / "published", drafter, target, "medusa")
+  _edit_json(tmp_path / "published" / "config.json",
+             base_model_name_or_path="lmsys/vicuna-7b-v1.3")
+  with pytest.warns(UserWarning, match=r"records its target as 'lmsys/vicuna-7b-v1\.3', but the "
+                                       r"target was loaded from .*target"):
+    io.load_drafter(tmp_path / "published", target)
+  _edit_json(tmp_path / "published" / "config.json", base_model_name_or_path="org/target")
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    io.load_drafter(tmp_path / "published", target)
