@@ -19,9 +19,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from safetensors.flax import save_file
 
-from specjax import config_utils, sharding
+from specjax import assets, config_utils, files, sharding
 from specjax.interop.safetensors_file import SafetensorsFile
 from specjax.interop.tokenizer import (
   TOKENIZER_CONFIG_FILE,
@@ -291,48 +290,53 @@ def load_target(path: str | os.PathLike, dtype: str | None = None, *,
   if tokenizer and os.path.exists(os.path.join(path, TOKENIZER_FILE)):
     tok = apply_tokenizer_config(load_tokenizer(path, vocab_size=cfg.vocab_size),
                                  read_tokenizer_config(path))
-  return Target(cfg, params, tok, generation, mesh)
+  return Target(cfg, params, tok, generation, mesh, source=path)
 
 
 # -- writing -----------------------------------------------------------------------------------
 
 
 def save_hf(target: Target, path: str | os.PathLike, *, max_shard_bytes: int = 2 << 30,
-            extra_files: dict[str, str] | None = None) -> None:
+            extra_files: dict[str, str] | None = None, overwrite_shipped: bool = False
+            ) -> None:
   """Writes `target` as a folder that `transformers.AutoModelForCausalLM.from_pretrained` loads.
 
   Weights above `max_shard_bytes` are split into shards with a `model.safetensors.index.json`.
   `generation_config.json` names the EOS ids `generate` stops at; with a tokenizer,
   `tokenizer.json` and the `tokenizer_config.json` under which `AutoTokenizer` matches it.
+
+  The folder is written beside `path` and swapped in whole (`specjax.files.atomic_dir`): a
+  failed export leaves the previous folder complete. Files of the previous folder that this
+  export does not write are kept, but for its weights (a single file or shards and their index:
+  never a stale one beside new ones). A folder inside the shipped assets needs
+  `overwrite_shipped=True`.
   """
   path = os.fspath(path)
-  os.makedirs(path, exist_ok=True)
-  with open(os.path.join(path, "config.json"), "w") as f:
-    json.dump(target.config.to_hf_dict(), f, indent=2)
-  with open(os.path.join(path, _GENERATION), "w") as f:
-    json.dump({**generation_defaults(target).to_hf_dict(), "do_sample": False}, f, indent=2)
+  assets.check_writable(path, overwrite_shipped, "the HF folder")
   tensors = to_hf_tensors(target.params, target.config)
   shards = _shard(tensors, max_shard_bytes)
-  for stale in (_SINGLE, _INDEX):  # never leave a stale single file beside a new index
-    if os.path.exists(os.path.join(path, stale)):
-      os.remove(os.path.join(path, stale))
-  if len(shards) == 1:
-    save_file(shards[0], os.path.join(path, _SINGLE), metadata={"format": "pt"})
-  else:
-    weight_map = {}
-    for i, shard in enumerate(shards):
-      name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-      save_file(shard, os.path.join(path, name), metadata={"format": "pt"})
-      weight_map.update({k: name for k in shard})
-    total = sum(int(v.nbytes) for v in tensors.values())
-    with open(os.path.join(path, _INDEX), "w") as f:
-      json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
-  if target.tokenizer is not None:
-    target.tokenizer.save(os.path.join(path, TOKENIZER_FILE))
-    write_tokenizer_config(target, path)
-  for name, text in (extra_files or {}).items():
-    with open(os.path.join(path, name), "w") as f:
-      f.write(text)
+  with files.atomic_dir(path, drop=(_SINGLE, _INDEX, "model-*-of-*.safetensors")) as out:
+    files.write_json(os.path.join(out, "config.json"), target.config.to_hf_dict(), indent=2)
+    files.write_json(os.path.join(out, _GENERATION),
+                     {**generation_defaults(target).to_hf_dict(), "do_sample": False}, indent=2)
+    if len(shards) == 1:
+      files.save_safetensors(shards[0], os.path.join(out, _SINGLE), metadata={"format": "pt"},
+                             framework="flax")
+    else:
+      weight_map = {}
+      for i, shard in enumerate(shards):
+        name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        files.save_safetensors(shard, os.path.join(out, name), metadata={"format": "pt"},
+                               framework="flax")
+        weight_map.update({k: name for k in shard})
+      total = sum(int(v.nbytes) for v in tensors.values())
+      files.write_json(os.path.join(out, _INDEX),
+                       {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
+    if target.tokenizer is not None:
+      files.save_tokenizer(target.tokenizer, os.path.join(out, TOKENIZER_FILE))
+      _write_tokenizer_config(target, out)
+    for name, text in (extra_files or {}).items():
+      files.write_text(os.path.join(out, name), text)
 
 
 def generation_defaults(target: Target) -> GenerationDefaults:
@@ -342,18 +346,23 @@ def generation_defaults(target: Target) -> GenerationDefaults:
   return dataclasses.replace(gen, eos_token_id=tuple(target.config.eos_token_id))
 
 
-def write_tokenizer_config(target: Target, path: str | os.PathLike) -> str:
-  """Writes the `tokenizer_config.json` matching `target.tokenizer` into folder `path`."""
+def write_tokenizer_config(target: Target, path: str | os.PathLike, *,
+                           overwrite_shipped: bool = False) -> str:
+  """Writes the `tokenizer_config.json` matching `target.tokenizer` into folder `path`
+  (atomically; a folder inside the shipped assets needs `overwrite_shipped=True`)."""
+  assets.check_writable(path, overwrite_shipped, "the tokenizer config's folder")
+  return _write_tokenizer_config(target, path)
+
+
+def _write_tokenizer_config(target: Target, path: str | os.PathLike) -> str:
   gen = generation_defaults(target)
   d = hf_tokenizer_config(target.tokenizer,
                           model_max_length=target.config.max_position_embeddings,
                           eos_token_ids=gen.eos_token_id, bos_token_id=gen.bos_token_id,
-                          pad_token_id=gen.pad_token_id)
-  out = os.path.join(os.fspath(path), TOKENIZER_CONFIG_FILE)
-  with open(out, "w") as f:
-    json.dump(d, f, indent=2)
-    f.write("\n")
-  return out
+                          pad_token_id=gen.pad_token_id,
+                          model_type=target.config.architecture)
+  return files.write_text(os.path.join(os.fspath(path), TOKENIZER_CONFIG_FILE),
+                          json.dumps(d, indent=2) + "\n")
 
 
 def _shard(tensors: dict[str, jax.Array], max_bytes: int) -> list[dict[str, jax.Array]]:

@@ -37,7 +37,7 @@ def load_tokenizer(path: str | os.PathLike, *, vocab_size: int | None = None) ->
   """
   src = tokenizer_path(path)
   if not os.path.isfile(src):
-    raise FileNotFoundError(f"no tokenizer file at {src!r}")
+    raise ValueError(f"no tokenizer file at {src!r}")
   try:
     tok = Tokenizer.from_file(src)
   except Exception as e:  # tokenizers raises a bare Exception on malformed JSON
@@ -78,28 +78,49 @@ def _special_token(tok: Tokenizer, token_id: int | None) -> str | None:
   return added[token_id].content
 
 
+# Model types whose `tokenizer_class` transformers (5.x) overrides with its own class, which
+# rebuilds the normalizer, pre-tokenizer and decoder from the family's recipe and keeps only the
+# vocabulary, merges and post-processor of `tokenizer.json`: "qwen2" is in transformers'
+# `MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS`, so every Qwen2 folder gets `Qwen2Tokenizer`
+# (Qwen's digit-by-digit split and NFC), whatever `tokenizer_config.json` names.
+REBUILT_TOKENIZER_MODEL_TYPES = frozenset({"qwen2"})
+
+
 def hf_tokenizer_config(tok: Tokenizer, *, model_max_length: int,
                         eos_token_ids: Sequence[int] = (), bos_token_id: int | None = None,
-                        pad_token_id: int | None = None) -> dict[str, Any]:
+                        pad_token_id: int | None = None,
+                        model_type: str | None = None) -> dict[str, Any]:
   """The `tokenizer_config.json` under which `AutoTokenizer` encodes and decodes like `tok`.
 
   `PreTrainedTokenizerFast` runs `tokenizer.json` as is (a model-specific class may rebuild it);
   no `add_bos_token`/`add_eos_token` keys, which would replace the post-processor; no cleanup of
   spaces in decode; `split_special_tokens` carries `tok.encode_special_tokens`. The EOS token is
   the first of `eos_token_ids` that is a special token (transformers names one).
+
+  For a `model_type` in `REBUILT_TOKENIZER_MODEL_TYPES` (config.json's, which picks the class),
+  transformers' own class is used whatever `tokenizer_class` says. There `trust_remote_code: true`
+  makes that class load `tokenizer.json` unchanged instead of rebuilding its pipeline (transformers
+  passes this key to `TokenizersBackend.convert_to_native_format`; no code is run: the folder has
+  no `auto_map` and no code, and `AutoTokenizer` decides on remote code from its own argument
+  alone), and each special-token role without a special token is written as null so the class's
+  defaults (`<|endoftext|>`) are not added as new tokens. transformers' own `save_pretrained`
+  drops the key: a folder it re-saves gets the class's recipe back.
   """
   pre = json.loads(tok.to_str()).get("pre_tokenizer") or {}
+  rebuilt = model_type in REBUILT_TOKENIZER_MODEL_TYPES
   d: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast",
                        "model_max_length": model_max_length,
                        "clean_up_tokenization_spaces": False,
                        "split_special_tokens": bool(tok.encode_special_tokens)}
+  if rebuilt:
+    d["trust_remote_code"] = True
   if "add_prefix_space" in pre:
     d["add_prefix_space"] = bool(pre["add_prefix_space"])
   eos = next((e for e in eos_token_ids if _special_token(tok, e) is not None), None)
   for name, token_id in (("bos_token", bos_token_id), ("eos_token", eos),
-                         ("pad_token", pad_token_id)):
+                         ("pad_token", pad_token_id), ("unk_token", None)):
     content = _special_token(tok, token_id)
-    if content is not None:
+    if content is not None or rebuilt:
       d[name] = content
   return d
 
@@ -157,6 +178,7 @@ class ChatTemplate:
     """The conversation as text; `options` are the template's own switches (e.g. Qwen3's
     `enable_thinking=False`), passed as transformers passes extra `apply_chat_template` args."""
     import jinja2
+    import jinja2.ext  # a submodule: `import jinja2` alone does not load it
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     def raise_exception(message):
