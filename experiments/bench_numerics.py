@@ -69,13 +69,7 @@ def main(argv=None):
   parser.add_argument("--batches", default="1,4")
   parser.add_argument("--out", default=None, help="write the figures as JSON here")
   args = parser.parse_args(argv)
-  if args.out and assets.is_shipped(args.out):  # before measuring
-    parser.error(f"--out {args.out} is inside the shipped assets folder: write it elsewhere")
-  if args.out:
-    try:
-      files.check_output_file(args.out, "--out file")
-    except ValueError as e:
-      parser.error(str(e))
+  cli.check_out_file(parser, args.out)  # before measuring
   compile_cache.from_args(args)
   results = {}
   for setting in args.dtypes.split(","):

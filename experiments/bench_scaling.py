@@ -155,13 +155,7 @@ def main(argv=None) -> dict:
   from specjax.decoding import generate
   from specjax.interop.hf import load_target
 
-  if args.out and assets.is_shipped(args.out):  # before measuring
-    parser.error(f"--out {args.out} is inside the shipped assets folder: write it elsewhere")
-  if args.out:
-    try:
-      files.check_output_file(args.out, "--out file")
-    except ValueError as e:
-      parser.error(str(e))
+  cli.check_out_file(parser, args.out)  # before measuring
   path = args.target or assets.TARGET_DIR
   if not os.path.exists(os.path.join(path, "config.json")):
     parser.error(f"no target at {path}: pass --target DIR (an HF-format folder)")

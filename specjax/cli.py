@@ -231,6 +231,19 @@ def mesh_from_args(args: argparse.Namespace) -> str | None:
   return mesh
 
 
+def check_out_file(parser: argparse.ArgumentParser, path: str | None) -> None:
+  """A tool's `--out` file, checked before it measures: not inside the shipped assets, its
+  folder creatable and writable, not itself a folder (a usage error otherwise)."""
+  if path is None:
+    return
+  from specjax import assets, files
+  try:
+    assets.check_not_shipped(path, "--out")
+    files.check_output_file(path, "--out file")
+  except ValueError as e:
+    parser.error(str(e))
+
+
 def usage_errors(main: Callable[..., Any]) -> Callable[..., Any]:
   """Decorates an entry point's `main`: a ValueError it raises (what the library refuses, named
   by its message: a folder that does not load, an option a drafter does not take, a prompt

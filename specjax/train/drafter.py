@@ -377,7 +377,6 @@ def training_rows(cfg: DrafterTrainConfig, target: Target, progress: bool = Fals
 
 
 def _load_target(cfg: DrafterTrainConfig) -> Target:
-  from specjax import assets
   return load_target(cfg.target_path or assets.TARGET_DIR, dtype="float32")
 
 
@@ -390,9 +389,7 @@ def train_drafter(cfg: DrafterTrainConfig, *, stop_after: int | None = None,
   start). A non-finite loss or params raise `loop.NonFiniteError`, and nothing is exported.
   An export_dir inside the shipped assets needs `overwrite_shipped=True` (`--overwrite-shipped`),
   checked before any work; the workdir never lies there."""
-  assets.check_writable(cfg.export_dir or os.path.join(cfg.workdir, "export"),
-                        overwrite_shipped, "export_dir")
-  assets.check_not_shipped(cfg.workdir, "workdir")
+  loop.check_outputs(cfg.workdir, cfg.export_dir, overwrite_shipped)
   if target is None:
     _say(progress, f"loading the target ({cfg.target_path or 'shipped'})")
     target = _load_target(cfg)

@@ -91,6 +91,15 @@ NOT_RUN_SETTINGS = ("log_every", "eval_every", "save_every", "workdir", "export_
                     "export_dtype", "mesh")
 
 
+def check_outputs(workdir: str, export_dir: str | None, overwrite_shipped: bool) -> None:
+  """Before any work: a trainer's export (`export_dir`, default `<workdir>/export`) may replace
+  a shipped folder only with `overwrite_shipped`, and its workdir never lies in the assets."""
+  from specjax import assets
+  assets.check_writable(export_dir or os.path.join(workdir, "export"), overwrite_shipped,
+                        "export_dir")
+  assets.check_not_shipped(workdir, "workdir")
+
+
 def check_run_config(workdir: str, cfg: Any) -> None:
   """Records the settings a run starts with (`cfg`, a trainer's config dataclass, less
   NOT_RUN_SETTINGS) in `workdir`, and refuses to resume a run that was started with other ones:
