@@ -66,7 +66,7 @@ def main(argv=None):
   parser.add_argument("--dtypes", default="bfloat16,bfloat16/bfloat16,float32",
                       help="comma-separated storage[/compute] dtype settings")
   parser.add_argument("--methods", default=None, help="default: every available drafter")
-  parser.add_argument("--batches", default="1,4")
+  parser.add_argument("--batches", type=cli.positive_ints, default=[1, 4])
   parser.add_argument("--out", default=None, help="write the figures as JSON here")
   args = parser.parse_args(argv)
   cli.check_out_file(parser, args.out)  # before measuring
@@ -78,7 +78,7 @@ def main(argv=None):
                                  compute_dtype=compute or "float32")
     prompts = numpy_prompts(target, args.prompts)
     methods = args.methods.split(",") if args.methods else drafters.available(target)
-    batches = [int(b) for b in args.batches.split(",")]
+    batches = args.batches
     runs = [("autoregressive", b) for b in batches if b != 1] + [
         (m, b) for m in methods for b in batches]
     with tqdm(total=len(prompts) * (len(runs) + 1), desc=f"numerics {setting}") as bar:
@@ -96,7 +96,9 @@ def main(argv=None):
     for name, n in table.items():
       print(f"| {name} | {n} | {n / len(prompts):.1%} |")
   if args.out:
-    files.write_json(args.out, results, indent=1)  # atomic
+    from specjax import provenance
+    files.write_json(args.out, {**results, "provenance": provenance.collect(vars(args))},
+                     indent=1)  # atomic
   return results
 
 

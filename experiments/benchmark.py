@@ -18,16 +18,14 @@ from specjax import cli, distributed, provenance
 from specjax.benchmark import FOOTNOTE, BenchmarkConfig, layout_lines, run
 
 
+@cli.usage_errors
 def main(argv=None):
   parser = cli.config_parser(__doc__.splitlines()[0], default_config="configs/benchmark.py",
                              config_class=BenchmarkConfig)
   parser.add_argument("--out", default=None, help="output folder (default: the config's)")
   args = parser.parse_args(argv)
-  cfg = cli.load_from_args(args, [f"out={args.out}"] if args.out else [])
-  try:
-    records = run(cfg, report=print)  # each dataset's table as soon as it is done
-  except ValueError as e:  # what the run cannot do (a method, a drafter folder, a prompt file,
-    cli.fail(str(e))       # an out inside specjax/assets): refused before measuring, one line
+  cfg = cli.load_from_args(args, [] if args.out is None else [f"out={args.out}"])
+  records = run(cfg, report=print)  # each dataset's table as soon as it is done
   if not distributed.is_main_process():
     return  # process 0 wrote the results and printed the tables
   with open(os.path.join(cfg.out, "results.json")) as f:

@@ -57,18 +57,26 @@ def main(argv=None):
   compile_cache.add_arguments(parser)
   parser.add_argument("--drafter", action="append", required=True,
                       help="method or method=folder; repeat to compare")
-  parser.add_argument("--trees", default="5,7", help="comma-separated tree shapes")
+  parser.add_argument("--trees", type=cli.names, default=["5", "7"],
+                      help="comma-separated tree shapes")
   parser.add_argument("--recent-tokens", type=cli.non_negative_int, default=64)
-  parser.add_argument("--datasets", default="humaneval,stdlib_heldout")
+  parser.add_argument("--datasets", type=cli.names, default=["humaneval", "stdlib_heldout"])
   parser.add_argument("--num-prompts", type=cli.positive_int, default=16)
   parser.add_argument("--max-new-tokens", type=cli.positive_int, default=128)
   args = parser.parse_args(argv)
   compile_cache.from_args(args)
   cfg = BenchmarkConfig(num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens)
   target = load_target(assets.TARGET_DIR, dtype="float32")
-  trees = args.trees.split(",")
-  datasets = args.datasets.split(",")
-  prompts = {ds: load_prompts(target, ds, cfg) for ds in datasets}
+  trees = args.trees
+  prompts = {ds: load_prompts(target, ds, cfg) for ds in args.datasets}
+  for spec in args.drafter:  # every drafter, folder and tree shape, before the first figure
+    method, path = parse_drafter(spec)
+    for tree in trees:
+      try:
+        drafters.build(method, target, path=path, recent_tokens=args.recent_tokens,
+                       **tree_options(tree, method))
+      except ValueError as e:
+        raise ValueError(f"--drafter {spec} --trees {tree}: {e}") from None
   print("\n".join(metrics.markdown_table(
       ["drafter", "held-out agreement", "held-out chain tau", "dataset", *trees])))
   for spec in args.drafter:

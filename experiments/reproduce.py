@@ -17,18 +17,16 @@ from specjax import cli, distributed
 from specjax.reproduce import TABLES, ReproduceConfig, run
 
 
+@cli.usage_errors
 def main(argv=None):
   parser = cli.config_parser(__doc__.splitlines()[0], default_config="configs/reproduce.py",
                              config_class=ReproduceConfig)
   parser.add_argument("table", choices=[*TABLES, "all"])
   parser.add_argument("--out", default=None, help="output folder (default: the config's)")
   args = parser.parse_args(argv)
-  cfg = cli.load_from_args(args, [f"out={args.out}"] if args.out else [])
+  cfg = cli.load_from_args(args, [] if args.out is None else [f"out={args.out}"])
   names = list(TABLES) if args.table == "all" else [args.table]
-  try:
-    return run(names, cfg, echo=print if distributed.is_main_process() else lambda _: None)
-  except ValueError as e:
-    cli.fail(str(e))
+  return run(names, cfg, echo=print if distributed.is_main_process() else lambda _: None)
 
 
 if __name__ == "__main__":

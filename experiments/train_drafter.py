@@ -16,6 +16,7 @@ REPORT = ("method", "num_params", "steps", "tokens_seen", "wall_seconds",
           "draft_vocab_coverage", "heldout_agreement_by_depth")
 
 
+@cli.usage_errors
 def main(argv=None):
   return cli.train_main(__doc__.splitlines()[0], train_drafter, REPORT,
                         config_class=DrafterTrainConfig, argv=argv)

@@ -17,6 +17,7 @@ REPORT = ("num_params", "steps", "tokens_seen", "wall_seconds", "heldout_loss",
           "unigram_baseline_loss")
 
 
+@cli.usage_errors
 def main(argv=None):
   return cli.train_main(__doc__.splitlines()[0], train_lm, REPORT,
                         default_config="configs/target_stdlib.py", config_class=LMTrainConfig,

@@ -133,6 +133,12 @@ def main(argv=None):
   print("`?`: an unreliable timing (not positive, or spread across trials too wide)")
   best = max(records[1:], key=lambda r: r["speedup"])
   print(f"fastest: {best['options']} ({best['speedup']:.2f}x, tau {best['tau']:.2f})")
+  if best["speedup"] < 1 or best["unreliable"]:
+    print("WARNING: the fastest tree " + ("is slower than autoregressive decoding"
+                                          if best["speedup"] < 1 else "rests on unreliable "
+                                          "timings (`?`)") + ": measure on more prompts "
+          "(--num-prompts, --max-new-tokens) before trusting it" + (
+              ", although --save records it as the folder's default" if args.save else ""))
   summary = {"provenance": block, "method": args.method,
              "best": {k: v for k, v in best["options"].items() if k != "path"},
              "records": [{k: v for k, v in r.items() if k != "outputs"} for r in records]}

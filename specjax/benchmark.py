@@ -106,6 +106,15 @@ class BenchmarkConfig:
     if self.prompts is not None and not is_prompt_file(self.prompts):
       raise ValueError(f"prompts {self.prompts!r} is not a JSONL prompt file (a path ending in "
                        ".jsonl or .json)")
+    if self.chat_options and not self.chat_template:
+      raise ValueError(f"chat_options {sorted(self.chat_options)} are switches of the chat "
+                       "template, which this run does not use: set chat_template=true too")
+    names = [dataset_name(d) for d in datasets_of(self)]
+    clash = sorted({n for n in names if names.count(n) > 1})
+    if clash:
+      raise ValueError(f"datasets holds several entries named {clash} in tables and results "
+                       "(a prompt file is named by its file name): rename one, or list each "
+                       "once")
     for dataset in self.datasets:
       if dataset not in DATASETS and not is_prompt_file(dataset):
         raise ValueError(f"datasets holds {dataset!r}, which is no dataset: datasets are "
@@ -191,7 +200,13 @@ def prompt_set(target: Target, dataset: str, cfg: BenchmarkConfig) -> PromptSet:
   else:
     raise ValueError(f"unknown dataset {dataset!r}; use 'humaneval', 'stdlib_heldout', "
                      "'stdlib_docstrings' or a JSONL prompt file")
-  texts = [prompt_files.render(p, template, **cfg.chat_options) for p in prompts]
+  texts = []
+  for i, p in enumerate(prompts):
+    try:
+      texts.append(prompt_files.render(p, template, **cfg.chat_options))
+    except ValueError as e:  # the template's own errors, or a conversation without one
+      where = f"the chat template of {cfg.target or assets.TARGET_DIR}, " if template else ""
+      raise ValueError(f"{where}{dataset_name(dataset)} prompt {i + 1}: {e}") from None
   rows = [target.encode(t, add_special_tokens=template is None) for t in texts]
   kept = [r for r in rows if r]
   if len(kept) < len(rows) and is_prompt_file(dataset):
@@ -564,7 +579,10 @@ def plot_acceptance(records: list[dict[str, Any]], path: str,
                 marker="o", label=r["method"])
     ax.set(title=f"acceptance rate by depth: {dataset}", xlabel="draft depth d",
            ylabel="P(accept d | accepted d-1)", ylim=(0, 1.05))
-    ax.legend()
+    if ax.get_legend_handles_labels()[0]:
+      ax.legend()
+    else:  # autoregressive decoding alone drafts nothing
+      ax.text(0.5, 0.5, "no drafter in this run", ha="center", transform=ax.transAxes)
   fig.tight_layout()
   try:
     (files if group is None else group).save_figure(fig, path, dpi=120)
@@ -622,6 +640,15 @@ def methods_of(cfg: BenchmarkConfig, target: Target) -> list[str]:
   return [AR] + [m for m in methods if m != AR]
 
 
+def check_drafter_folders(cfg: BenchmarkConfig, methods: Sequence[str]) -> None:
+  """A folder labelled with a name the run neither measures nor registers (`drafter.<label>`
+  with `methods` naming others) would be ignored, silently: a typo of the label, most often."""
+  unused = sorted(set(cfg.drafter) - set(methods) - set(drafters.names()))
+  if unused:
+    raise ValueError(f"drafter.{unused[0]} labels a folder the run does not measure (methods: "
+                     f"{list(methods)}): add {unused[0]!r} to methods, or remove the label")
+
+
 def check_drafter_options(cfg: BenchmarkConfig, methods: Sequence[str]) -> None:
   """Every `drafter_options` item names a method: one of the run's, a registered drafter or a
   labelled folder (`drafter`; a config may set options for methods a --set leaves out). One
@@ -655,6 +682,7 @@ def run(cfg: BenchmarkConfig, report: Callable[[str], None] | None = None
     files.check_output_dir(cfg.out, "results folder (out)")
   target = configured_target(cfg)
   methods = methods_of(cfg, target)
+  check_drafter_folders(cfg, methods)
   check_drafter_options(cfg, methods)
   sets = {dataset_name(d): prompt_set(target, d, cfg) for d in datasets_of(cfg)}
   prompts = {name: s.rows for name, s in sets.items()}

@@ -226,7 +226,10 @@ def mesh_from_args(args: argparse.Namespace) -> str | None:
   for 'auto' (`distributed.initialize`), then the compilation cache on (`compile_cache.from_args`):
   call it before any JAX computation."""
   mesh = None if args.mesh is None or args.mesh.lower() == "none" else args.mesh
-  distributed.initialize(cpu_devices=sharding.AUTO if mesh == sharding.AUTO else None)
+  try:
+    distributed.initialize(cpu_devices=_cpu_devices_for(mesh, args))
+  except ValueError as e:
+    fail(f"--mesh {mesh}: {e}")
   compile_cache.from_args(args)
   return mesh
 
@@ -247,7 +250,9 @@ def check_out_file(parser: argparse.ArgumentParser, path: str | None) -> None:
 def usage_errors(main: Callable[..., Any]) -> Callable[..., Any]:
   """Decorates an entry point's `main`: a ValueError it raises (what the library refuses, named
   by its message: a folder that does not load, an option a drafter does not take, a prompt
-  longer than the context) is printed as one line `error: <message>` with exit status 2."""
+  longer than the context) is printed as one line `error: <message>` with exit status 2; an
+  interruption (Ctrl-C) as one line too, exit status 130, without JAX's traceback. Every file
+  is replaced whole (`specjax.files`), so what an interrupted run wrote stays readable."""
 
   @functools.wraps(main)
   def wrapped(*args, **kwargs):
@@ -255,6 +260,10 @@ def usage_errors(main: Callable[..., Any]) -> Callable[..., Any]:
       return main(*args, **kwargs)
     except ValueError as e:
       fail(str(e))
+    except KeyboardInterrupt:
+      print("\ninterrupted: files already written are whole; a training run resumes from its "
+            "last checkpoint when run again", file=sys.stderr)
+      sys.exit(130)
 
   return wrapped
 

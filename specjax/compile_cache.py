@@ -42,6 +42,10 @@ def enable(path: str | os.PathLike | None = None) -> str | None:
   folder = default_dir() if path is None else os.path.abspath(os.path.expanduser(os.fspath(path)))
   if folder is None:
     return None
+  from specjax import assets
+  assets.check_not_shipped(folder, "the compilation cache folder")
+  if os.path.exists(folder) and not os.path.isdir(folder):
+    raise ValueError(f"compilation cache folder {folder} is a file, not a folder")
   try:
     os.makedirs(folder, exist_ok=True)
   except OSError as e:

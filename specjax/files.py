@@ -114,6 +114,8 @@ class _Staged:
     tmp = _new_temp(final, suffix)
     try:
       write(tmp)
+      # A writer that replaces the file itself (safetensors' does) leaves its own bits: 0600.
+      os.chmod(tmp, _mode_for(final, 0o666))
       _fsync_file(tmp)
     except BaseException:
       _remove(tmp)
@@ -155,6 +157,7 @@ def atomic_path(path: str | os.PathLike, suffix: str | None = None) -> Iterator[
   tmp = _new_temp(final, suffix)
   try:
     yield tmp
+    os.chmod(tmp, _mode_for(final, 0o666))  # as in `_Staged.stage`
     _fsync_file(tmp)
     os.replace(tmp, final)
   except BaseException:
@@ -392,11 +395,59 @@ def check_output_dir(path: str | os.PathLike, what: str = "output folder") -> st
   return path
 
 
+def _is_results_json(path: str) -> bool:
+  try:
+    with open(path, encoding="utf-8") as f:
+      d = json.load(f)
+  except (OSError, ValueError):
+    return False
+  return isinstance(d, dict) and "provenance" in d
+
+
 def check_output_file(path: str | os.PathLike, what: str = "output file") -> str:
-  """`check_output_dir` for the folder a file `path` will be written into, and `path` itself is
-  not a folder."""
+  """`check_output_dir` for the folder a JSON results file `path` will be written into; `path`
+  is not a folder, and an existing file there is one such results file (a rerun replaces its
+  own results, never a config or weights named by mistake)."""
   path = os.fspath(path)
   if os.path.isdir(path):
     raise ValueError(f"the {what} {path} is a folder, not a file")
+  if os.path.exists(path) and not _is_results_json(path):
+    raise ValueError(f"the {what} {path} exists and is not a results file a specjax tool wrote "
+                     "(a JSON object with its provenance): choose another name, or remove it")
   check_output_dir(os.path.dirname(os.path.abspath(path)), f"folder of the {what}")
   return path
+
+
+MODEL = "model"  # an HF model folder (or a published drafter: both are config.json + weights)
+
+
+def export_kind(path: str | os.PathLike) -> str | None:
+  """What an existing export folder holds, by its config.json: "<method> drafter" for a specjax
+  drafter folder, `MODEL` for any other config.json (an HF model or a published drafter),
+  "weights" for weights without a config, None for an absent or model-free folder."""
+  path = os.fspath(path)
+  if not os.path.isdir(path):
+    return None
+  config = os.path.join(path, "config.json")
+  if not os.path.isfile(config):
+    weights = any(n.endswith((".safetensors", ".bin", ".pt")) for n in os.listdir(path))
+    return "weights" if weights else None
+  try:
+    with open(config, encoding="utf-8") as f:
+      d = json.load(f)
+  except (OSError, ValueError):
+    return MODEL
+  if isinstance(d, dict) and "method" in d and "net" in d:
+    return f"{d['method']} drafter"
+  return MODEL
+
+
+def check_export_over(path: str | os.PathLike, kind: str, what: str = "the export") -> None:
+  """ValueError when folder `path` holds an export of another kind than `kind` (e.g. a target
+  model where a drafter is to be written): writing there would replace one model with another,
+  which nobody asks for by accident. An absent folder, one without a model, or one of the same
+  kind (a retrained drafter, a model saved again) is fine."""
+  held = export_kind(path)
+  if held is not None and held != kind:
+    raise ValueError(f"{what} would replace {os.fspath(path)}, which holds a {held} folder, with "
+                     f"a {kind} folder: choose another folder (or remove that one first)")

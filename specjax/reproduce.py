@@ -98,6 +98,9 @@ class ReproduceConfig(BenchmarkConfig):
         if method not in allowed and method not in labels:
           raise ValueError(f"{field} holds {method!r}, which it cannot run: it takes "
                            f"{sorted(allowed)} or a folder's label (drafter.<label>=DIR)")
+    if max(self.batch_sizes) > self.batch_prompts:
+      raise ValueError(f"batch_sizes holds {max(self.batch_sizes)}, more than the "
+                       f"batch_prompts ({self.batch_prompts}) a batch is made of")
 
 
 def jax_threads() -> int:
@@ -453,7 +456,11 @@ def budget_table(s: Session, out: str) -> Result:
   records = []
   for method in cfg.budget_methods:
     runs = [(AR, {})] + [(method, tree_options(method, n, cfg)) for n in cfg.budget_nodes]
-    records += s.measure(dataset, runs)[1:]
+    try:
+      records += s.measure(dataset, runs)[1:]
+    except ValueError as e:  # a budget the family's trees cannot have, say
+      raise ValueError(f"budget table, {method} at budget_nodes {list(cfg.budget_nodes)}: "
+                       f"{e}") from None
   prompt = s.prompts(dataset)[0]
   roof = oracle_roofline(s.target, prompt, cfg.budget_nodes, cfg.max_new_tokens,
                          cfg.profile_repeats)
@@ -637,7 +644,8 @@ def peers_table(s: Session, out: str) -> Result:
 def batch_units(s: Session) -> int:
   cfg = s.cfg
   n = len(s.prompts(s.first_dataset, cfg.batch_prompts))
-  return sum(math.ceil(n / b) for b in cfg.batch_sizes) * (len(cfg.batch_methods) + 1)
+  reference = 0 if 1 in cfg.batch_sizes else n  # batch-1 AR, measured for the comparison
+  return sum(math.ceil(n / b) for b in cfg.batch_sizes) * (len(cfg.batch_methods) + 1) + reference
 
 
 def batch_table(s: Session, out: str) -> Result:
@@ -645,15 +653,17 @@ def batch_table(s: Session, out: str) -> Result:
   methods = [AR] + [m for m in cfg.batch_methods if m != AR]
   records = [r for b in cfg.batch_sizes for r in s.measure(
       dataset, [(m, None) for m in methods], batch_size=b, num_prompts=cfg.batch_prompts)]
-  reference = next(r["outputs"] for r in records if r["method"] == AR and r["batch_size"] == 1
-                   ) if 1 in cfg.batch_sizes else None
+  # Batch-1 autoregressive decoding is the reference every output is compared with, measured
+  # for it when the table's sizes leave batch 1 out.
+  ar1 = [r for r in records if r["method"] == AR and r["batch_size"] == 1] or s.measure(
+      dataset, [(AR, None)], batch_size=1, num_prompts=cfg.batch_prompts)
+  reference = ar1[0]["outputs"]
   rows = []
   for m in methods:
     cells: list[Any] = [m]
     for b in cfg.batch_sizes:
       r = next(r for r in records if r["method"] == m and r["batch_size"] == b)
-      r["matches_batch1_autoregressive"] = (None if reference is None
-                                            else r["outputs"] == reference)
+      r["matches_batch1_autoregressive"] = r["outputs"] == reference
       cells += [f"{r['tokens_per_second']:.0f}", f"{r['tau']:.2f}", f"{r['speedup']:.2f}x"]
     rows.append(cells)
   differ = [f"{r['method']}@{r['batch_size']}" for r in records

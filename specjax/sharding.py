@@ -125,8 +125,11 @@ def parse_mesh_spec(spec: str, num_devices: int) -> dict[str, int]:
     sizes[free[0]] = num_devices // fixed
   out = {DATA: sizes.get(DATA, 1), MODEL: sizes.get(MODEL, 1)}
   if math.prod(out.values()) != num_devices:
-    raise ShardingError(f"mesh spec {spec!r} needs {math.prod(out.values())} devices, but "
-                        f"{num_devices} are available (use -1 for 'all remaining'){_cpu_hint()}")
+    need = math.prod(out.values())
+    hint = (_cpu_hint() if need > num_devices else
+            f"; to use them all, make one axis -1 (e.g. dp=-1,tp={out[MODEL]})")
+    raise ShardingError(f"mesh spec {spec!r} needs {need} devices, but {num_devices} are "
+                        f"available{hint}")
   return out
 
 
@@ -134,9 +137,11 @@ def _cpu_hint() -> str:
   """How to get more devices on a CPU host, where JAX starts with one unless told."""
   if jax.default_backend() != "cpu":
     return ""
-  return ("; on a CPU, JAX has as many devices as asked before it starts: pass --cpu-devices N "
-          "to the experiment, call specjax.distributed.initialize(cpu_devices=N) first thing, "
-          "or set XLA_FLAGS=--xla_force_host_platform_device_count=N")
+  return ("; on a CPU, JAX has as many devices as it is given before it starts: an "
+          "experiment given the spec (--set mesh=..., --mesh) starts with them, unless "
+          "--cpu-devices or the environment says otherwise; in Python, call "
+          "specjax.distributed.initialize(cpu_devices=N) first thing, or set "
+          "JAX_NUM_CPU_DEVICES=N")
 
 
 def make_mesh(spec: str | Mesh | None = None, *, devices: Sequence[Any] | None = None) -> Mesh:

@@ -277,7 +277,7 @@ def test_a_mesh_that_needs_more_devices_says_how_to_get_them():
 
   from specjax import cli, sharding
   with pytest.raises(ValueError, match=r"mesh spec 'dp=4,tp=4' needs 16 devices, but 8 are "
-                                       r"available .*--cpu-devices N"):
+                                       r"available; on a CPU.*JAX_NUM_CPU_DEVICES=N"):
     sharding.make_mesh("dp=4,tp=4")
   assert sharding.spec_devices("dp=1,tp=2") == 2 and sharding.spec_devices("dp=-1,tp=2") is None
   args = argparse.Namespace(num_processes=None)
@@ -301,3 +301,30 @@ def test_an_explicit_mesh_gets_its_cpu_devices():
   out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                        timeout=120, check=True)
   assert out.stdout.split()[-1] == "2"
+
+
+MORE_CASES = {
+    "chat_options_without_template": (bench("chat_options.enable_thinking=false"),
+                                      r"chat_options \['enable_thinking'\] are switches of the "
+                                      r"chat template, which this run does not use"),
+    "two_prompt_files_of_one_name": (bench("datasets=/a/p.jsonl,/b/p.jsonl"),
+                                     r"datasets holds several entries named \['p'\]"),
+    "batch_larger_than_its_prompts": (repro("batch_sizes=1,32"),
+                                      r"batch_sizes holds 32, more than the batch_prompts \(16\)"),
+}
+
+
+@pytest.mark.parametrize("case", list(MORE_CASES))
+def test_more_bad_configs(case):
+  call, message = MORE_CASES[case]
+  with pytest.raises(ValueError, match=message):
+    call()
+
+
+def test_an_unused_drafter_label_is_refused():
+  from specjax.benchmark import check_drafter_folders
+  cfg = load_config("configs/benchmark.py", ["drafter.myeagle=/x", "methods=autoregressive"])
+  with pytest.raises(ValueError, match=r"drafter\.myeagle labels a folder the run does not "
+                                       r"measure"):
+    check_drafter_folders(cfg, ["autoregressive"])
+  check_drafter_folders(cfg, ["autoregressive", "myeagle"])

@@ -275,3 +275,145 @@ def test_published_drafter_recording_another_target_is_warned_about(folders, tmp
   with warnings.catch_warnings():
     warnings.simplefilter("error")
     io.load_drafter(tmp_path / "published", target)
+
+
+# -- what a probe of a fresh clone found: files replaced by the wrong kind, silent requests -----
+
+
+def test_exports_never_replace_a_model_of_another_kind(folders, tmp_path):
+  """A drafter exported over a target folder, a model over a drafter folder, a drafter over
+  another family's: refused before anything is written; the same kind is replaced as before."""
+  root, target = folders
+  model, drafter_dir = _copy(folders, "target", tmp_path), _copy(folders, "medusa", tmp_path)
+  before = sorted(os.listdir(model))
+  medusa = io.init_drafter("medusa", target)
+  with pytest.raises(ValueError, match=r"save_drafter would replace .*target, which holds a "
+                                       r"model folder, with a medusa drafter folder"):
+    io.save_drafter(model, "medusa", medusa.net, medusa.params, medusa.d2t, target.config)
+  assert sorted(os.listdir(model)) == before
+  specjax.load_target(model)
+  with pytest.raises(ValueError, match=r"save_hf would replace .*medusa, which holds a medusa "
+                                       r"drafter folder"):
+    specjax.save_hf(target, drafter_dir)
+  hydra = io.init_drafter("hydra", target)
+  with pytest.raises(ValueError, match=r"holds a medusa drafter folder, with a hydra drafter"):
+    io.save_drafter(drafter_dir, "hydra", hydra.net, hydra.params, hydra.d2t, target.config)
+  io.save_drafter(drafter_dir, "medusa", medusa.net, medusa.params, medusa.d2t, target.config)
+  io.load_drafter(drafter_dir, target)
+
+
+def test_trainers_refuse_an_export_over_another_model_before_training(folders, tmp_path):
+  from specjax.train import loop
+  model = _copy(folders, "target", tmp_path)
+  with pytest.raises(ValueError, match=r"export_dir would replace .*holds a model folder"):
+    loop.check_outputs(str(tmp_path / "run"), str(model), False, "eagle drafter")
+  with pytest.raises(ValueError, match=r"would lie in the run's own workdir"):
+    loop.check_outputs(str(tmp_path / "run"), str(tmp_path / "run" / "checkpoints"), False,
+                       "eagle drafter")
+
+
+def test_a_results_file_never_replaces_another_file(tmp_path):
+  from specjax import files
+  config = tmp_path / "config.json"
+  config.write_text('{"method": "eagle"}')
+  with pytest.raises(ValueError, match=r"exists and is not a results file a specjax tool wrote"):
+    files.check_output_file(config, "--out file")
+  assert config.read_text() == '{"method": "eagle"}'
+  files.write_json(tmp_path / "sweep.json", {"provenance": {}, "records": []})
+  files.check_output_file(tmp_path / "sweep.json", "--out file")  # its own results: replaced
+
+
+def test_save_hf_checks_its_arguments(folders, tmp_path):
+  _, target = folders
+  for kwargs, message in [
+      (dict(extra_files={"../escaped.txt": "x"}), r"extra_files name '\.\./escaped\.txt' must be "
+                                                  r"a plain file name"),
+      (dict(extra_files={"config.json": "{}"}), r"extra_files name 'config\.json'"),
+      (dict(extra_files={"a.bin": b"\x00"}), r"extra_files\['a\.bin'\] must be text"),
+      (dict(max_shard_bytes=0), r"max_shard_bytes must be >= 1048576, got 0")]:
+    with pytest.raises(ValueError, match=message):
+      specjax.save_hf(target, tmp_path / "out", **kwargs)
+  assert not (tmp_path / "escaped.txt").exists() and not (tmp_path / "out").exists()
+  with pytest.raises(ValueError, match=r"save_hf saves a specjax\.Target, got NoneType"):
+    specjax.save_hf(None, tmp_path / "out")
+  with pytest.raises(ValueError, match=r"save_hf needs a folder path, got NoneType"):
+    specjax.save_hf(target, None)
+
+
+def test_load_target_names_what_it_was_given(folders, tmp_path):
+  root, _ = folders
+  for arg, message in [(None, r"needs the path of a checkpoint folder, got NoneType"),
+                       (5, r"got int"),
+                       (root / "target" / "config.json", r"config\.json is a file: load_target "
+                                                          r"takes the checkpoint's folder"),
+                       (root / "medusa", r"is a specjax drafter's config, not a model's")]:
+    with pytest.raises(ValueError, match=message):
+      specjax.load_target(arg)
+
+
+MORE_TARGETS = {
+    "eos_outside_vocab": (config_json(eos_token_id=V + 3),
+                          r"config\.json: eos_token_id 99 is outside the vocabulary \[0, 96\)"),
+    "architectures_unsupported_beside_a_known_type": (
+        config_json(architectures=["GPT2LMHeadModel"]),
+        r"config\.json: architectures \['GPT2LMHeadModel'\] names no model specjax runs"),
+}
+
+
+@pytest.mark.parametrize("case", list(MORE_TARGETS))
+def test_contradicting_target_config_is_named(folders, tmp_path, case):
+  folder = _copy(folders, "target", tmp_path)
+  mutate, message = MORE_TARGETS[case]
+  mutate(folder)
+  with pytest.raises(ValueError, match=message):
+    specjax.load_target(folder)
+
+
+def test_drafter_folders_of_another_family_or_size_are_named(folders, tmp_path):
+  root, target = folders
+  with pytest.raises(ValueError, match=r"holds a medusa drafter, not the eagle drafter asked "
+                                       r"for"):
+    drafters.build("eagle", target, path=str(root / "medusa"))
+  folder = _copy(folders, "medusa", tmp_path)
+  _edit_json(folder / "config.json", draft_vocab_size=50)
+  with pytest.raises(ValueError, match=r"config\.json says draft_vocab_size 50, its d2t holds "
+                                       r"96 ids"):
+    io.load_drafter(folder, target)
+  for bad in (None, str(root / "target")):
+    with pytest.raises(ValueError, match=r"a drafter is read for a loaded target "
+                                         r"\(specjax\.load_target\(folder\)\), got"):
+      io.load_drafter(root / "medusa", bad)
+
+
+MORE_PROMPTS = {
+    "several_prompt_keys": (b'{"prompt": "a", "messages": [{"role": "user", "content": "b"}]}\n',
+                            r"prompts\.jsonl:1: several prompts in one line \(messages, prompt\)"),
+    "nested_too_deep": (b"[" * 100_000, r"prompts\.jsonl: JSON nested too deeply"),
+    "list_of_numbers": (b"[1, 2]", r"prompts\.jsonl\[0\]: a prompt line is a JSON string or "
+                                   r"object, got int"),
+}
+
+
+@pytest.mark.parametrize("case", list(MORE_PROMPTS))
+def test_more_broken_prompt_files(tmp_path, case):
+  data, message = MORE_PROMPTS[case]
+  with pytest.raises(ValueError, match=message):
+    prompt_files.read_prompts(_prompt_file(tmp_path, data))
+
+
+def test_prompt_files_as_editors_write_them(tmp_path):
+  """A UTF-8 byte-order mark, CRLF line ends and one JSON list of prompts all read."""
+  got = prompt_files.read_prompts(_prompt_file(tmp_path, b'\xef\xbb\xbf"a"\r\n\r\n"b"\r\n'))
+  assert [p.text for p in got] == ["a", "b"]
+  got = prompt_files.read_prompts(_prompt_file(tmp_path, b'[\n "a",\n {"prompt": "b"}\n]\n'))
+  assert [p.text for p in got] == ["a", "b"]
+
+
+def test_chat_template_refuses_a_switch_it_does_not_read():
+  from specjax.interop.tokenizer import ChatTemplate
+  template = ChatTemplate("{% for m in messages %}{{ m.content }}{% endfor %}"
+                          "{% if enable_thinking is defined %}!{% endif %}")
+  assert template.render([{"role": "user", "content": "x"}], enable_thinking=False) == "x!"
+  with pytest.raises(ValueError, match=r"the chat template has no switch \['enable_thinkng'\]; "
+                                       r"the variables it reads: \['enable_thinking'\]"):
+    template.render([{"role": "user", "content": "x"}], enable_thinkng=False)

@@ -58,6 +58,9 @@ def parse_line(value: Any, where: str) -> Prompt:
   if not isinstance(value, dict):
     raise ValueError(f"{where}: a prompt line is a JSON string or object, got "
                      f"{type(value).__name__}")
+  found = [k for k in (*CHAT_KEYS, "turns", *TEXT_KEYS) if k in value]
+  if len(found) > 1:  # which one is the prompt? Taking the first would drop the others unsaid
+    raise ValueError(f"{where}: several prompts in one line ({', '.join(found)}); give one")
   for key in CHAT_KEYS:
     if key in value:
       return Prompt(messages=_messages(value[key], where))
@@ -77,15 +80,36 @@ def parse_line(value: Any, where: str) -> Prompt:
                    f"{list(TEXT_KEYS) + list(CHAT_KEYS) + ['turns']}")
 
 
+def _loads(text: str, where: str) -> Any:
+  try:
+    return json.loads(text)
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{where}: not JSON ({e.msg})") from None
+  except RecursionError:
+    raise ValueError(f"{where}: JSON nested too deeply to be a prompt") from None
+
+
 def read_prompts(path: str | os.PathLike) -> list[Prompt]:
-  """Every prompt of a JSONL file, in order; a bad line is named by its number."""
+  """Every prompt of a JSONL file (one per line; a UTF-8 byte-order mark is skipped), or of a
+  JSON file holding one list of them, in order; a bad line or item is named by its number."""
   path = os.fspath(path)
   if not os.path.isfile(path):
     raise ValueError(f"no prompt file at {path}")
   prompts = []
   with open(path, "rb") as f:
-    raw_lines = f.read().splitlines()
-  for n, raw in enumerate(raw_lines, 1):
+    data = f.read().removeprefix(b"\xef\xbb\xbf")
+  if data.lstrip().startswith(b"["):  # one JSON list of prompts (a .json file, say)
+    try:
+      items = _loads(data.decode("utf-8"), path)
+    except UnicodeDecodeError as e:
+      raise ValueError(f"{path}: not UTF-8 text (at byte {e.start})") from None
+    if not isinstance(items, list):
+      raise ValueError(f"{path}: a prompt file is JSONL or one JSON list of prompts")
+    prompts = [parse_line(v, f"{path}[{i}]") for i, v in enumerate(items)]
+    if not prompts:
+      raise ValueError(f"{path} holds no prompts")
+    return prompts
+  for n, raw in enumerate(data.splitlines(), 1):
     where = f"{path}:{n}"
     try:
       line = raw.decode("utf-8")
@@ -94,11 +118,7 @@ def read_prompts(path: str | os.PathLike) -> list[Prompt]:
                        f"{e.start + 1}); a prompt file is UTF-8 JSONL") from None
     if not line.strip():
       continue
-    try:
-      value = json.loads(line)
-    except json.JSONDecodeError as e:
-      raise ValueError(f"{where}: not JSON ({e.msg})") from None
-    prompts.append(parse_line(value, where))
+    prompts.append(parse_line(_loads(line, where), where))
   if not prompts:
     raise ValueError(f"{path} holds no prompts")
   return prompts

@@ -50,6 +50,8 @@ def ensure_writable(data_dir: str) -> None:
   Probing with a real file (not `os.access`) because root passes `os.access` on read-only mounts
   and TFDS would otherwise fail much later with an error that does not name the directory.
   """
+  if os.path.exists(data_dir) and not os.path.isdir(data_dir):
+    raise ValueError(f"specjax data dir {data_dir!r} is a file, not a folder")
   try:
     os.makedirs(data_dir, exist_ok=True)
     with tempfile.TemporaryFile(dir=data_dir):

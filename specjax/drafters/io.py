@@ -48,7 +48,7 @@ def register_family(fam: learned.Family) -> learned.Family:
       raise ValueError(f"learned family {type(fam).__name__} does not set {attr!r}")
 
   def build(target, *, path: str | None = None, **tree_options):
-    return load_drafter(path or asset_dir(fam.name), target, **tree_options)
+    return load_drafter(path or asset_dir(fam.name), target, method=fam.name, **tree_options)
 
   build.__doc__ = (f"path: a {fam.name} folder (default: the one shipped for the embedded "
                    "target); tree_options override its default tree.")
@@ -75,8 +75,10 @@ def save_drafter(path: str | os.PathLike, method: str, net, params: nnx.State, d
   The folder is written beside `path` and swapped in whole (`files.atomic_dir`): a failed export
   leaves the previous drafter complete. Its other files (a tune_tree.json, say) are kept; the
   previous metadata.json is not when `metadata` is None (it described other weights). A folder
-  inside the shipped assets needs `overwrite_shipped=True`."""
+  inside the shipped assets needs `overwrite_shipped=True`; one holding another kind of model (a
+  target, another family's drafter) is refused (`files.check_export_over`)."""
   assets.check_writable(path, overwrite_shipped, "the drafter folder")
+  files.check_export_over(path, f"{method} drafter", "save_drafter")
   fam = family(method)
   tensors = {}
   for key, var in nnx.to_flat_state(params):
@@ -176,7 +178,7 @@ def _read_tensors(path) -> dict[str, np.ndarray]:
 
 
 def load_drafter(path: str | os.PathLike, target, *, format: str | None = None,
-                 **tree_options):
+                 method: str | None = None, **tree_options):
   """Loads a learned drafter for `target` (a `specjax.Target`); tree_options override the
   family's tree shape (Medusa/Hydra: `choices`; EAGLE/EAGLE-3: depth, top_k, total_tokens;
   DFlash: depth, top_k, total_tokens). On a target with a mesh the drafter is laid out on it
@@ -184,9 +186,14 @@ def load_drafter(path: str | os.PathLike, target, *, format: str | None = None,
 
   format: the folder's layout, "specjax" or a published one (`specjax.interop.formats`: eagle3,
     eagle, medusa, dflash); default: detected from the folder.
+  method: the family the caller asks for (a registered builder's name): a folder of another
+    family is refused, naming both.
   draft_vocab (among the options, or a default the folder records): draft over only the first
     that many draft ids (`shrink_vocab`)."""
   read = read_drafter(path, target, format=format)
+  if method is not None and read.method != method:
+    raise ValueError(f"drafter folder {os.fspath(path)} holds a {read.method} drafter, not the "
+                     f"{method} drafter asked for")
   options = {**read.tree, **{k: v for k, v in tree_options.items() if v is not None}}
   check_tree_options(read.method, options)
   read = shrink_vocab(read, options.pop("draft_vocab", None))
@@ -209,6 +216,10 @@ def read_drafter(path: str | os.PathLike, target, *, format: str | None = None):
   family, network config at the target's compute dtype, params, d2t, taps, default tree), every
   check of `load_drafter` done: what a tree is built from, and what fine-tuning starts from."""
   from specjax.interop import formats
+  from specjax.target import Target
+  if not isinstance(target, Target):
+    raise ValueError(f"a drafter is read for a loaded target (specjax.load_target(folder)), got "
+                     f"{type(target).__name__}")
   format = formats.detect(path) if format is None else format
   dtype = learned.drafter_dtype(target.config)
   if format != formats.SPECJAX:
@@ -229,6 +240,9 @@ def read_drafter(path: str | os.PathLike, target, *, format: str | None = None):
   if "d2t" not in tensors:
     raise ValueError(f"drafter weights {path} have no d2t (draft-to-target id map)")
   d2t = tensors.pop("d2t").astype(np.int32)
+  if config.get("draft_vocab_size", d2t.size) != d2t.size:
+    raise ValueError(f"drafter {path}: config.json says draft_vocab_size "
+                     f"{config['draft_vocab_size']}, its d2t holds {d2t.size} ids")
   if d2t.ndim != 1 or d2t.min() < 0 or d2t.max() >= target.config.vocab_size:
     raise ValueError(f"drafter {path}: d2t ids outside the target vocabulary "
                      f"[0, {target.config.vocab_size})")

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from specjax import assets, config_utils, files, sharding
+from specjax import assets, checks, config_utils, files, sharding
 from specjax.interop.safetensors_file import SafetensorsFile
 from specjax.interop.tokenizer import (
   TOKENIZER_CONFIG_FILE,
@@ -267,8 +267,14 @@ def load_target(path: str | os.PathLike, dtype: str | None = None, *,
   tensor is read slice by slice straight onto its shards (no whole copy per device), and the
   target runs there.
   """
+  if not isinstance(path, (str, os.PathLike)):
+    raise ValueError(f"load_target needs the path of a checkpoint folder, got "
+                     f"{type(path).__name__}")
   path = os.fspath(path)
   config_file = os.path.join(path, "config.json")
+  if os.path.isfile(path):
+    raise ValueError(f"{path} is a file: load_target takes the checkpoint's folder "
+                     f"({os.path.dirname(path) or '.'})")
   if not os.path.isdir(path):
     raise ValueError(f"checkpoint folder {path} does not exist")
   if not os.path.exists(config_file):
@@ -309,10 +315,26 @@ def save_hf(target: Target, path: str | os.PathLike, *, max_shard_bytes: int = 2
   failed export leaves the previous folder complete. Files of the previous folder that this
   export does not write are kept, but for its weights (a single file or shards and their index:
   never a stale one beside new ones). A folder inside the shipped assets needs
-  `overwrite_shipped=True`.
+  `overwrite_shipped=True`; one holding a specjax drafter is refused (`files.check_export_over`).
+  extra_files: more files of the folder by name (text), e.g. a README.md; never one of the
+  files the export writes itself.
   """
+  if not isinstance(target, Target):
+    raise ValueError(f"save_hf saves a specjax.Target, got {type(target).__name__}")
+  if not isinstance(path, (str, os.PathLike)):
+    raise ValueError(f"save_hf needs a folder path, got {type(path).__name__}")
   path = os.fspath(path)
+  max_shard_bytes = checks.integer("max_shard_bytes", max_shard_bytes, lo=1 << 20)
+  for name, text in (extra_files or {}).items():
+    if not isinstance(name, str) or os.path.basename(name) != name or name in (
+        "", ".", "..", "config.json", _GENERATION, _SINGLE, _INDEX, TOKENIZER_FILE,
+        TOKENIZER_CONFIG_FILE) or name.startswith("model-"):
+      raise ValueError(f"extra_files name {name!r} must be a plain file name of the folder, not "
+                       "a path or a file the export writes itself")
+    if not isinstance(text, str):
+      raise ValueError(f"extra_files[{name!r}] must be text (str), got {type(text).__name__}")
   assets.check_writable(path, overwrite_shipped, "the HF folder")
+  files.check_export_over(path, files.MODEL, "save_hf")
   tensors = to_hf_tensors(target.params, target.config)
   shards = _shard(tensors, max_shard_bytes)
   with files.atomic_dir(path, drop=(_SINGLE, _INDEX, "model-*-of-*.safetensors")) as out:

@@ -178,7 +178,8 @@ class ChatTemplate:
     """The conversation as text; `options` are the template's own switches (e.g. Qwen3's
     `enable_thinking=False`), passed as transformers passes extra `apply_chat_template` args."""
     import jinja2
-    import jinja2.ext  # a submodule: `import jinja2` alone does not load it
+    import jinja2.ext  # submodules: `import jinja2` alone does not load them
+    import jinja2.meta
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     def raise_exception(message):
@@ -195,7 +196,14 @@ class ChatTemplate:
     env.globals.update(raise_exception=raise_exception, strftime_now=strftime_now)
     try:
       template = env.from_string(self.source)
+      reads = jinja2.meta.find_undeclared_variables(env.parse(self.source))
     except jinja2.TemplateError as e:
       raise ValueError(f"the chat template does not parse: {e}") from None
+    unread = sorted(set(options) - reads)
+    if unread:  # a misspelt switch would otherwise change nothing, silently
+      switches = sorted(reads - {"messages", "add_generation_prompt", "raise_exception",
+                                 "strftime_now", *dict(self.special_tokens)})
+      raise ValueError(f"the chat template has no switch {unread}; the variables it reads: "
+                       f"{switches}")
     return template.render(messages=list(messages), add_generation_prompt=add_generation_prompt,
                            **dict(self.special_tokens), **options)

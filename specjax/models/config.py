@@ -237,8 +237,20 @@ class ModelConfig:
     and on a key of the wrong type or range (`HF_KEYS`), naming `where` (the file) and the key."""
     if not isinstance(d, dict):
       raise ValueError(f"{where} must hold a JSON object, got {type(d).__name__}")
-    arch = _architecture_of(d)
+    if "method" in d and "net" in d:
+      raise ValueError(f"{where} is a specjax drafter's config, not a model's: load its folder "
+                       "with specjax.drafters.io.load_drafter(folder, target)")
+    try:
+      arch = _architecture_of(d)
+    except ValueError as e:
+      raise ValueError(f"{where}: {e}") from None
     check_hf_keys(d, where)
+    vocab = d["vocab_size"]
+    for key in ("bos_token_id", "eos_token_id"):
+      ids = d.get(key)
+      ids = [] if ids is None else ids if isinstance(ids, list) else [ids]
+      if any(i >= vocab for i in ids):
+        raise ValueError(f"{where}: {key} {d[key]} is outside the vocabulary [0, {vocab})")
     try:
       return cls._from_checked_hf_dict(arch, d, **overrides)
     except ValueError as e:
@@ -504,6 +516,12 @@ def _architecture_of(d: dict[str, Any]) -> Architecture:
   for name in d.get("architectures") or ():
     if name in _HF_ARCHITECTURES:
       return _HF_ARCHITECTURES[name]  # type: ignore[return-value]
+  if d.get("architectures") and d.get("model_type") in _HF_MODEL_TYPES:
+    # transformers builds the model `architectures` names: one specjax does not run, whatever
+    # model_type says, is refused rather than run as another model.
+    raise ValueError(f"architectures {d['architectures']!r} names no model specjax runs (its "
+                     f"model_type is {d['model_type']!r}); supported: "
+                     f"{', '.join(sorted(_HF_ARCHITECTURES))}")
   if d.get("model_type") in _HF_MODEL_TYPES:
     return _HF_MODEL_TYPES[d["model_type"]]  # type: ignore[return-value]
   names = d.get("architectures") or []

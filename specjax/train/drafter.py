@@ -127,6 +127,8 @@ class DrafterTrainConfig:
   # draft vocabulary are the run's (a mismatch is refused, naming it). None: a fresh drafter.
   init_from: NonEmptyStr | None = None
   eval_depth: PosInt = 5
+  # Rows of the corpus (source="corpus") and of the held-out evaluation; self-distilled rows are
+  # distill_prompt_tokens + distill_new_tokens long.
   seq_len: Annotated[int, Ge(2)] = 256
   batch_size: PosInt = 16
   seed: Seed = 0
@@ -389,7 +391,9 @@ def train_drafter(cfg: DrafterTrainConfig, *, stop_after: int | None = None,
   start). A non-finite loss or params raise `loop.NonFiniteError`, and nothing is exported.
   An export_dir inside the shipped assets needs `overwrite_shipped=True` (`--overwrite-shipped`),
   checked before any work; the workdir never lies there."""
-  loop.check_outputs(cfg.workdir, cfg.export_dir, overwrite_shipped)
+  loop.check_outputs(cfg.workdir, cfg.export_dir, overwrite_shipped, f"{cfg.method} drafter")
+  if cfg.source == "self_distill":  # its rows are cached there: a folder, before any work
+    files.check_output_dir(cfg.distill_cache, "distill_cache folder")
   if target is None:
     _say(progress, f"loading the target ({cfg.target_path or 'shipped'})")
     target = _load_target(cfg)

@@ -91,13 +91,22 @@ NOT_RUN_SETTINGS = ("log_every", "eval_every", "save_every", "workdir", "export_
                     "export_dtype", "mesh")
 
 
-def check_outputs(workdir: str, export_dir: str | None, overwrite_shipped: bool) -> None:
-  """Before any work: a trainer's export (`export_dir`, default `<workdir>/export`) may replace
-  a shipped folder only with `overwrite_shipped`, and its workdir never lies in the assets."""
-  from specjax import assets
-  assets.check_writable(export_dir or os.path.join(workdir, "export"), overwrite_shipped,
-                        "export_dir")
+def check_outputs(workdir: str, export_dir: str | None, overwrite_shipped: bool,
+                  kind: str) -> None:
+  """Before any work: a trainer's export (`export_dir`, default `<workdir>/export`, a `kind`
+  folder: `files.export_kind`) may replace a shipped folder only with `overwrite_shipped`,
+  never a folder of another kind, nor lie among the run's checkpoints; its workdir never lies
+  in the assets."""
+  from specjax import assets, files
+  export = export_dir or os.path.join(workdir, "export")
+  assets.check_writable(export, overwrite_shipped, "export_dir")
   assets.check_not_shipped(workdir, "workdir")
+  files.check_export_over(export, kind, "export_dir")
+  checkpoints = os.path.realpath(os.path.join(workdir, "checkpoints"))
+  here = os.path.realpath(export)
+  if here == os.path.realpath(workdir) or os.path.commonpath([here, checkpoints]) == checkpoints:
+    raise ValueError(f"export_dir {export} would lie in the run's own workdir {workdir} or its "
+                     "checkpoints: export beside them (the default is <workdir>/export)")
 
 
 def check_run_config(workdir: str, cfg: Any) -> None:
@@ -109,7 +118,12 @@ def check_run_config(workdir: str, cfg: Any) -> None:
   path = os.path.join(workdir, RUN_CONFIG)
   if os.path.isfile(path):
     with open(path) as f:
-      saved, current = flatten(json.load(f)), flatten(settings)
+      recorded = json.load(f)
+    if set(recorded) != set(settings):  # another trainer's run (a target LM's, say)
+      theirs = sorted(set(recorded) - set(settings))[:6]
+      raise ValueError(f"{workdir} holds a run of another trainer: its settings have fields "
+                       f"{theirs} that this run's config has not. Train in a fresh workdir")
+    saved, current = flatten(recorded), flatten(settings)
     diff = [k for k in sorted(set(saved) | set(current)) if saved.get(k) != current.get(k)]
     if diff:
       detail = "; ".join(f"{k}: {saved.get(k)!r} -> {current.get(k)!r}" for k in diff)
@@ -117,6 +131,8 @@ def check_run_config(workdir: str, cfg: Any) -> None:
                        "it with its own settings, or train in a fresh workdir")
     return
   from specjax import files  # atomic: a failed write never leaves a truncated run config
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise ValueError(f"workdir {workdir} is a file, not a folder")
   try:
     os.makedirs(workdir, exist_ok=True)
   except OSError as e:

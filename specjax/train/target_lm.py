@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from specjax import provenance, sharding
+from specjax import files, provenance, sharding
 from specjax.config_utils import Ge, NonEmptyStr, NonNegInt, PosInt, Seed, config, to_dict
 from specjax.data import pipeline, stdlib_code
 from specjax.data import tokenizer as tokenizer_lib
@@ -200,7 +200,7 @@ def train_lm(cfg: LMTrainConfig, *, stop_after: int | None = None,
   start). A non-finite loss or params raise `loop.NonFiniteError`, and nothing is exported.
   An export_dir inside the shipped assets needs `overwrite_shipped=True` (`--overwrite-shipped`),
   checked before any work; the workdir never lies there."""
-  loop.check_outputs(cfg.workdir, cfg.export_dir, overwrite_shipped)
+  loop.check_outputs(cfg.workdir, cfg.export_dir, overwrite_shipped, files.MODEL)
   mesh, param_shardings = training_mesh(cfg)
   loop.check_run_config(cfg.workdir, cfg)
   data = prepare_data(cfg)
