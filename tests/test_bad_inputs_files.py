@@ -330,7 +330,7 @@ def test_save_hf_checks_its_arguments(folders, tmp_path):
                                                   r"a plain file name"),
       (dict(extra_files={"config.json": "{}"}), r"extra_files name 'config\.json'"),
       (dict(extra_files={"a.bin": b"\x00"}), r"extra_files\['a\.bin'\] must be text"),
-      (dict(max_shard_bytes=0), r"max_shard_bytes must be >= 1048576, got 0")]:
+      (dict(max_shard_bytes=0), r"max_shard_bytes must be >= 1, got 0")]:
     with pytest.raises(ValueError, match=message):
       specjax.save_hf(target, tmp_path / "out", **kwargs)
   assert not (tmp_path / "escaped.txt").exists() and not (tmp_path / "out").exists()

@@ -90,8 +90,11 @@ def test_the_flag_lets_a_writer_through(name, target, drafter, tmp_path, monkeyp
   """On a stand-in shipped folder: refused without the flag, written with it."""
   monkeypatch.setattr(assets, "ASSETS_DIR", str(tmp_path / "assets"))
   folder = tmp_path / "assets" / "medusa"
-  io.save_drafter(folder, "medusa", drafter.net, drafter.params, drafter.d2t, target.config,
-                  overwrite_shipped=True)  # set_default_tree needs a folder to change
+  if name == "save_hf":  # a model folder: save_hf never replaces a drafter's
+    specjax.save_hf(target, folder, overwrite_shipped=True)
+  else:
+    io.save_drafter(folder, "medusa", drafter.net, drafter.params, drafter.d2t, target.config,
+                    overwrite_shipped=True)  # set_default_tree needs a folder to change
   def state():  # a replaced file is a new inode, even with the same bytes
     return {n: (os.stat(folder / n).st_ino, (folder / n).read_bytes())
             for n in os.listdir(folder)}

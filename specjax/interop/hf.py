@@ -324,7 +324,7 @@ def save_hf(target: Target, path: str | os.PathLike, *, max_shard_bytes: int = 2
   if not isinstance(path, (str, os.PathLike)):
     raise ValueError(f"save_hf needs a folder path, got {type(path).__name__}")
   path = os.fspath(path)
-  max_shard_bytes = checks.integer("max_shard_bytes", max_shard_bytes, lo=1 << 20)
+  max_shard_bytes = checks.integer("max_shard_bytes", max_shard_bytes, lo=1)
   for name, text in (extra_files or {}).items():
     if not isinstance(name, str) or os.path.basename(name) != name or name in (
         "", ".", "..", "config.json", _GENERATION, _SINGLE, _INDEX, TOKENIZER_FILE,
