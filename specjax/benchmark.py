@@ -507,27 +507,30 @@ def markdown(records: list[dict[str, Any]], cfg: BenchmarkConfig,
   return "\n".join(lines + ([FOOTNOTE, ""] if cfg.profile else []))
 
 
-def prompts_ran(record: dict[str, Any], cfg: BenchmarkConfig) -> str:
+def prompts_ran(record: dict[str, Any], cfg: BenchmarkConfig) -> tuple[str, str]:
   """The prompts a record's run decoded, as its table's header says: how many (of how many the
-  config asked for, when the dataset had fewer), empty ones skipped, how many were cut."""
+  config asked for, when the dataset had fewer), and a note of the empty ones skipped and of
+  how many were cut ('' when none)."""
   info = record.get("prompt_set")
   if info is None:  # records of a caller that chose its own prompts
-    return f"{record.get('prompts', cfg.num_prompts)} prompts"
-  parts = [f"{info['prompts']} prompts"]
+    return f"{record.get('prompts', cfg.num_prompts)} prompts", ""
+  count = f"{info['prompts']} prompts"
   if info["prompts"] < cfg.num_prompts:
-    parts[0] += f" (of {cfg.num_prompts} asked: the dataset has {info['available']})"
+    count += f" (of {cfg.num_prompts} asked: the dataset has {info['available']})"
+  notes = []
   if info["empty_skipped"]:
-    parts.append(f"{info['empty_skipped']} empty skipped")
+    notes.append(f"{info['empty_skipped']} empty prompt(s) skipped")
   if info["truncated"]:
-    parts.append(f"{info['truncated']} cut to their last {cfg.max_prompt_tokens} tokens")
-  return ", ".join(parts)
+    notes.append(f"{info['truncated']} cut to their last {cfg.max_prompt_tokens} tokens")
+  return count, ", ".join(notes)
 
 
 def dataset_table(records: list[dict[str, Any]], cfg: BenchmarkConfig) -> list[str]:
   """The Markdown lines of one dataset's table (its records, finished by `_finish`; without
   `cfg.profile`, by `add_speedups`: no phase columns)."""
-  lines = [f"### {records[0]['dataset']} (T={cfg.temperature}, {prompts_ran(records[0], cfg)} x "
-           f"{cfg.max_new_tokens} new tokens, batch 1)", ""]
+  count, notes = prompts_ran(records[0], cfg)
+  lines = [f"### {records[0]['dataset']} (T={cfg.temperature}, {count} x {cfg.max_new_tokens} "
+           f"new tokens, batch 1{'; ' + notes if notes else ''})", ""]
   header = ["method", "tau", "tokens/s", "speedup", "target calls"]
 
   def measured(r: dict[str, Any]) -> list[Any]:
