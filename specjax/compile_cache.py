@@ -42,17 +42,12 @@ def enable(path: str | os.PathLike | None = None) -> str | None:
   folder = default_dir() if path is None else os.path.abspath(os.path.expanduser(os.fspath(path)))
   if folder is None:
     return None
-  from specjax import assets
+  from specjax import assets, files
   assets.check_not_shipped(folder, "the compilation cache folder")
-  if os.path.exists(folder) and not os.path.isdir(folder):
-    raise ValueError(f"compilation cache folder {folder} is a file, not a folder")
   try:
-    os.makedirs(folder, exist_ok=True)
-  except OSError as e:
-    raise ValueError(f"compilation cache folder {folder} cannot be created: {e}") from None
-  if not os.access(folder, os.W_OK):
-    raise ValueError(f"compilation cache folder {folder} is not writable (pass "
-                     "--compile-cache DIR or --no-compile-cache)")
+    files.check_output_dir(folder, "compilation cache folder")
+  except ValueError as e:
+    raise ValueError(f"{e} (pass --compile-cache DIR or --no-compile-cache)") from None
   jax.config.update("jax_compilation_cache_dir", folder)
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)

@@ -131,12 +131,7 @@ def check_run_config(workdir: str, cfg: Any) -> None:
                        "it with its own settings, or train in a fresh workdir")
     return
   from specjax import files  # atomic: a failed write never leaves a truncated run config
-  if os.path.exists(workdir) and not os.path.isdir(workdir):
-    raise ValueError(f"workdir {workdir} is a file, not a folder")
-  try:
-    os.makedirs(workdir, exist_ok=True)
-  except OSError as e:
-    raise ValueError(f"workdir {workdir} cannot be created: {e.strerror or e}") from None
+  files.check_output_dir(workdir, "workdir")
   files.write_json(path, settings, indent=1, sort_keys=True)
 
 
