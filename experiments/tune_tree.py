@@ -98,8 +98,7 @@ def main(argv=None):
     if args.save:
       assets.check_writable(args.path, args.overwrite_shipped, "--save writes --path")
     if args.out:
-      assets.check_writable(args.out, args.overwrite_shipped, "--out")
-      files.check_output_file(args.out, "--out file")
+      files.check_output_file(args.out, "--out file", overwrite_shipped=args.overwrite_shipped)
   except ValueError as e:
     cli.fail(str(e))
   mesh = cli.mesh_from_args(args)

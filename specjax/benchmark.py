@@ -665,13 +665,14 @@ def check_drafter_options(cfg: BenchmarkConfig, methods: Sequence[str]) -> None:
                        "drafter_options=method.option=value,...)")
     # The option's name, checked now (also for a method this run leaves out), not after the
     # methods before it were measured. Its value is the builder's to check.
-    family = name if name in registry.families() else None
-    accepted = registry.options(name) if name in drafters.names() else None
+    if name not in drafters.names():
+      continue  # a labelled folder: its family is known once it is read
+    accepted = registry.option_names(name)
     try:
-      if accepted is not None:
+      if accepted is None:  # a learned family's builder: its tree options
+        check_tree_options(name, {option: None})
+      else:
         checks.known_options(f"drafter {name!r}", [option], accepted)
-      elif family is not None:
-        check_tree_options(family, {option: None})
     except ValueError as e:
       raise ValueError(f"drafter option {item!r}: {e}") from None
 
@@ -680,8 +681,7 @@ def run(cfg: BenchmarkConfig, report: Callable[[str], None] | None = None
         ) -> list[dict[str, Any]]:
   """Every method on every dataset; writes results.json, results.md and the plots to `cfg.out`.
   `report` (e.g. `print`) receives each dataset's table as soon as that dataset is done."""
-  assets.check_not_shipped(cfg.out, "the results folder (out)")  # before measuring
-  if distributed.is_main_process():
+  if distributed.is_main_process():  # before measuring
     files.check_output_dir(cfg.out, "results folder (out)")
   target = configured_target(cfg)
   methods = methods_of(cfg, target)

@@ -76,7 +76,7 @@ def config_parser(description: str, *, default_config: str | None = None,
   parser.add_argument("--set", action="append", default=[], metavar="PATH=VALUE",
                       help="override a config field, e.g. --set optim.total_steps=100")
   if stop_after:
-    parser.add_argument("--stop-after", type=_positive_int, default=None, metavar="STEPS",
+    parser.add_argument("--stop-after", type=positive_int, default=None, metavar="STEPS",
                         help="stop after this many steps of this run (checkpointed)")
   distributed.add_arguments(parser)
   compile_cache.add_arguments(parser)
@@ -148,7 +148,6 @@ non_negative_int = _typed("an int >= 0", int, lambda n: n >= 0)
 seed = _typed("an int in [0, 2**32)", int, lambda n: 0 <= n < 2**32)
 positive_ints = _typed("comma-separated ints >= 1", _int_list,
                        lambda xs: bool(xs) and all(x >= 1 for x in xs))
-_positive_int = positive_int
 
 
 def names(text: str) -> list[str]:
@@ -239,9 +238,8 @@ def check_out_file(parser: argparse.ArgumentParser, path: str | None) -> None:
   folder creatable and writable, not itself a folder (a usage error otherwise)."""
   if path is None:
     return
-  from specjax import assets, files
+  from specjax import files
   try:
-    assets.check_not_shipped(path, "--out")
     files.check_output_file(path, "--out file")
   except ValueError as e:
     parser.error(str(e))

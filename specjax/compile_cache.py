@@ -42,8 +42,7 @@ def enable(path: str | os.PathLike | None = None) -> str | None:
   folder = default_dir() if path is None else os.path.abspath(os.path.expanduser(os.fspath(path)))
   if folder is None:
     return None
-  from specjax import assets, files
-  assets.check_not_shipped(folder, "the compilation cache folder")
+  from specjax import files
   try:
     files.check_output_dir(folder, "compilation cache folder")
   except ValueError as e:

@@ -46,7 +46,7 @@ import typing_extensions
 from annotated_types import Ge, Gt, Interval, Le, Lt, MinLen
 
 __all__ = ["ConfigError", "Fraction", "Ge", "Gt", "Interval", "Le", "Lt", "MinLen", "NonEmpty",
-           "NonNegFloat", "NonNegInt", "PosFloat", "PosInt", "Seed", "config"]
+           "NonEmptyStr", "NonNegFloat", "NonNegInt", "PosFloat", "PosInt", "Seed", "config"]
 
 # -- typed configs ---------------------------------------------------------------------------
 
@@ -93,12 +93,6 @@ def config(cls: type) -> type:
   return cls
 
 
-def is_config(obj: Any) -> bool:
-  """Whether `obj` is a config dataclass (or an instance of one) declared with `config`."""
-  cls = obj if isinstance(obj, type) else type(obj)
-  return dataclasses.is_dataclass(cls) and hasattr(cls, "__pydantic_validator__")
-
-
 # pydantic error types -> what the field takes, in the library's words.
 _TAKES = {
     "int_type": "an int", "int_parsing": "an int", "int_from_float": "an int",
@@ -136,6 +130,11 @@ def _article(name: str) -> str:
   return ("an " if name[:1] in "aeiou" else "a ") + name
 
 
+def location(loc: Sequence[Any]) -> str:
+  """A pydantic error's location as the field's path: ("budget_nodes", 1) -> budget_nodes[1]."""
+  return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
+
+
 def explain(e: pydantic.ValidationError, owner: type | str) -> str:
   """The failed fields of config class `owner`, one clause each:
   `Owner.field must be ..., got x`."""
@@ -143,7 +142,7 @@ def explain(e: pydantic.ValidationError, owner: type | str) -> str:
   hints = {} if isinstance(owner, str) else typing.get_type_hints(owner, include_extras=True)
   lines = []
   for err in e.errors(include_url=False):
-    loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"]).lstrip(".")
+    loc = location(err["loc"])
     if err["type"] == "value_error":  # raised by __post_init__: its own message
       lines.append(f"{name}: {err.get('ctx', {}).get('error', err['msg'])}")
     elif err["type"] == "unexpected_keyword_argument":
@@ -343,8 +342,13 @@ def parse_value(raw: str, typ: Any = _UNTYPED, *, item: str | None = None,
         raise
       reasons.append("")
   reason = reasons[0] if len(reasons) == 1 else f"must be {type_name(typ)}"
+  raise _refused(item, field, f"{reason}, got {raw!r}")
+
+
+def _refused(item: str | None, field: str | None, what: str) -> ConfigError:
+  """The error for a `--set` value: `override 'item': field <what>`."""
   where = f"override {item!r}: " if item is not None else ""
-  raise ConfigError(f"{where}{field or 'the value'} {reason}, got {raw!r}")
+  return ConfigError(f"{where}{field or 'the value'} {what}")
 
 
 def _parse_tuple(text: str, typ: Any, *, item: str | None, field: str | None) -> tuple:
@@ -352,25 +356,19 @@ def _parse_tuple(text: str, typ: Any, *, item: str | None, field: str | None) ->
   args = typing.get_args(base)
   parts = [p.strip() for p in text.split(",")] if text else []
   if parts and not all(parts):
-    where = f"override {item!r}: " if item is not None else ""
-    raise ConfigError(f"{where}{field or 'the value'} is a comma-separated list without empty "
-                      f"items, got {text!r}")
+    raise _refused(item, field, f"is a comma-separated list without empty items, got {text!r}")
   if len(args) == 2 and args[1] is Ellipsis:
     kinds = [args[0]] * len(parts)
   else:
     kinds = list(args)
     if len(kinds) != len(parts):
-      where = f"override {item!r}: " if item is not None else ""
-      raise ConfigError(f"{where}{field or 'the value'} takes {len(kinds)} comma-separated "
-                        f"items, got {text!r}")
+      raise _refused(item, field, f"takes {len(kinds)} comma-separated items, got {text!r}")
   value = tuple(parse_value(p, k, item=item, field=f"{field or 'the value'}[{i}]")
                 for i, (p, k) in enumerate(zip(parts, kinds)))
   try:
     return _adapter(typ).validate_python(value)
   except pydantic.ValidationError as e:
-    where = f"override {item!r}: " if item is not None else ""
-    raise ConfigError(f"{where}{field or 'the value'} {requirement(e.errors()[0], typ)}, got "
-                      f"{text!r}") from None
+    raise _refused(item, field, f"{requirement(e.errors()[0], typ)}, got {text!r}") from None
 
 
 def type_name(typ: Any) -> str:

@@ -100,6 +100,14 @@ def _new_temp(final: str, suffix: str | None = None) -> str:
   return tmp
 
 
+def _seal(tmp: str, final: str) -> None:
+  """A written temporary file made ready to replace `final`: the permission bits `final` has
+  (or a new file would get; a writer that replaces the file itself, as safetensors' does,
+  leaves owner-only ones), and its bytes on disk."""
+  os.chmod(tmp, _mode_for(final, 0o666))
+  _fsync_file(tmp)
+
+
 class _Staged:
   """Temporary files waiting to replace their targets (`commit`) or to be removed (`discard`)."""
 
@@ -114,9 +122,7 @@ class _Staged:
     tmp = _new_temp(final, suffix)
     try:
       write(tmp)
-      # A writer that replaces the file itself (safetensors' does) leaves its own bits: 0600.
-      os.chmod(tmp, _mode_for(final, 0o666))
-      _fsync_file(tmp)
+      _seal(tmp, final)
     except BaseException:
       _remove(tmp)
       raise
@@ -157,8 +163,7 @@ def atomic_path(path: str | os.PathLike, suffix: str | None = None) -> Iterator[
   tmp = _new_temp(final, suffix)
   try:
     yield tmp
-    os.chmod(tmp, _mode_for(final, 0o666))  # as in `_Staged.stage`
-    _fsync_file(tmp)
+    _seal(tmp, final)
     os.replace(tmp, final)
   except BaseException:
     _remove(tmp)
@@ -379,11 +384,19 @@ def atomic_dir(path: str | os.PathLike, *, keep_others: bool = True,
       shutil.rmtree(new, ignore_errors=True)
 
 
-def check_output_dir(path: str | os.PathLike, what: str = "output folder") -> str:
+def check_output_dir(path: str | os.PathLike, what: str = "output folder", *,
+                     overwrite_shipped: bool | None = None) -> str:
   """Creates folder `path` (and its parents) and checks that files can be written into it, so a
   run that would only fail when it saves, after minutes of measuring or training, fails at once.
-  ValueError naming `what` and the reason otherwise."""
+  ValueError naming `what` and the reason otherwise. Outputs (results, caches, a workdir) never
+  go into the shipped assets folder (`assets.check_not_shipped`), unless `overwrite_shipped`
+  says whether this one may (`assets.check_writable`: a tool's own flag)."""
+  from specjax import assets
   path = os.fspath(path)
+  if overwrite_shipped is None:
+    assets.check_not_shipped(path, f"the {what}")
+  else:
+    assets.check_writable(path, overwrite_shipped, f"the {what}")
   if os.path.exists(path) and not os.path.isdir(path):
     raise ValueError(f"the {what} {path} is a file, not a folder")
   try:
@@ -404,7 +417,8 @@ def _is_results_json(path: str) -> bool:
   return isinstance(d, dict) and "provenance" in d
 
 
-def check_output_file(path: str | os.PathLike, what: str = "output file") -> str:
+def check_output_file(path: str | os.PathLike, what: str = "output file", *,
+                      overwrite_shipped: bool | None = None) -> str:
   """`check_output_dir` for the folder a JSON results file `path` will be written into; `path`
   is not a folder, and an existing file there is one such results file (a rerun replaces its
   own results, never a config or weights named by mistake)."""
@@ -414,7 +428,8 @@ def check_output_file(path: str | os.PathLike, what: str = "output file") -> str
   if os.path.exists(path) and not _is_results_json(path):
     raise ValueError(f"the {what} {path} exists and is not a results file a specjax tool wrote "
                      "(a JSON object with its provenance): choose another name, or remove it")
-  check_output_dir(os.path.dirname(os.path.abspath(path)), f"folder of the {what}")
+  check_output_dir(os.path.dirname(os.path.abspath(path)), f"folder of the {what}",
+                   overwrite_shipped=overwrite_shipped)
   return path
 
 

@@ -146,9 +146,8 @@ def read_config(path: str | os.PathLike) -> dict[str, Any]:
     _FOLDER_CONFIG.validate_python(config)
   except pydantic.ValidationError as e:
     err = e.errors(include_url=False)[0]
-    key = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"]).lstrip(".")
-    raise ValueError(f"drafter config {file}: {key} {config_utils.requirement(err)}, got "
-                     f"{err.get('input')!r}") from None
+    raise ValueError(f"drafter config {file}: {config_utils.location(err['loc'])} "
+                     f"{config_utils.requirement(err)}, got {err.get('input')!r}") from None
   return config
 
 

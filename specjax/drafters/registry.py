@@ -83,7 +83,7 @@ def defaults(name: str) -> dict[str, Any]:
   return {k: p.default for k, p in params if p.default is not inspect.Parameter.empty}
 
 
-def options(name: str) -> list[str] | None:
+def option_names(name: str) -> list[str] | None:
   """The option names `name`'s builder takes, or None when it takes any (a learned family's
   builder passes its tree options on to the family, which checks them)."""
   return checks.keyword_options(_entry(name).build)
@@ -93,11 +93,10 @@ def build(name: str, target: Target, **options) -> Drafter:
   """Builds drafter `name` for `target`; its builder raises ValueError for what cannot work
   (e.g. a draft LM of another vocabulary). `available` answers for the default options.
   On a target with a mesh the drafter's arrays are laid out on it (`sharding.place_drafter`)."""
-  entry = _entry(name)
-  accepted = checks.keyword_options(entry.build)
+  accepted = option_names(name)
   if accepted is not None:  # a learned family's builder checks its tree options itself
     checks.known_options(f"drafter {name!r}", options, accepted)
-  drafter = entry.build(target, **options)
+  drafter = _entry(name).build(target, **options)
   mesh = getattr(target, "mesh", None)  # model-free builders also accept target=None
   if mesh is not None:
     drafter = sharding.place_drafter(drafter, target, mesh)

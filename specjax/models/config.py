@@ -242,16 +242,13 @@ class ModelConfig:
                        "with specjax.drafters.io.load_drafter(folder, target)")
     try:
       arch = _architecture_of(d)
-    except ValueError as e:
-      raise ValueError(f"{where}: {e}") from None
-    check_hf_keys(d, where)
-    vocab = d["vocab_size"]
-    for key in ("bos_token_id", "eos_token_id"):
-      ids = d.get(key)
-      ids = [] if ids is None else ids if isinstance(ids, list) else [ids]
-      if any(i >= vocab for i in ids):
-        raise ValueError(f"{where}: {key} {d[key]} is outside the vocabulary [0, {vocab})")
-    try:
+      check_hf_keys(d)
+      vocab = d["vocab_size"]
+      for key in ("bos_token_id", "eos_token_id"):
+        ids = d.get(key)
+        ids = [] if ids is None else ids if isinstance(ids, list) else [ids]
+        if any(i >= vocab for i in ids):
+          raise ValueError(f"{key} {d[key]} is outside the vocabulary [0, {vocab})")
       return cls._from_checked_hf_dict(arch, d, **overrides)
     except ValueError as e:
       raise ValueError(f"{where}: {e}") from None
@@ -435,9 +432,9 @@ class HF_KEYS(TypedDict, total=False):  # noqa: N801 (a schema, named as the fil
 _HF_KEYS = pydantic.TypeAdapter(HF_KEYS)
 
 
-def check_hf_keys(d: dict[str, Any], where: str = "config.json") -> None:
-  """ValueError naming `where`, the key, its value and what it must be, for the keys of the
-  config.json dict `d` that `HF_KEYS` refuses (a missing required key included)."""
+def check_hf_keys(d: dict[str, Any]) -> None:
+  """ValueError naming the key, its value and what it must be, for the keys of the config.json
+  dict `d` that `HF_KEYS` refuses (a missing required key included)."""
   try:
     _HF_KEYS.validate_python(d)
   except pydantic.ValidationError as e:
@@ -454,7 +451,7 @@ def check_hf_keys(d: dict[str, Any], where: str = "config.json") -> None:
       need = (config_utils.requirement(errs[0], hints[key]) if len(errs) == 1
               and len(errs[0]["loc"]) == 1 else f"must be {config_utils.type_name(hints[key])}")
       problems.append(f"{key!r} is {d[key]!r} ({type(d[key]).__name__}): it {need}")
-    raise ValueError(f"{where}: " + "; ".join(problems)) from None
+    raise ValueError("; ".join(problems)) from None
 
 
 def _int_if_whole(x: float | None) -> int | float | None:
