@@ -16,7 +16,7 @@ Public surface (one import for a notebook):
 """
 
 from specjax import drafters, trees, verify
-from specjax.decoding import GenerateResult, Stats, generate, profile_phases
+from specjax.decoding import GenerateResult, Stats, generate
 from specjax.drafters.io import load_drafter
 from specjax.interop.hf import load_target, save_hf
 from specjax.models.cache import KVCache
@@ -26,6 +26,5 @@ from specjax.target import Target
 
 __all__ = [
     "GenerateResult", "KVCache", "ModelConfig", "RopeScaling", "SamplingConfig", "Stats",
-    "Target", "drafters", "generate", "load_drafter", "load_target", "profile_phases",
-    "save_hf", "trees", "verify",
+    "Target", "drafters", "generate", "load_drafter", "load_target", "save_hf", "trees", "verify",
 ]

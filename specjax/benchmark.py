@@ -39,17 +39,14 @@ from specjax.config_utils import (
   Seed,
   config,
 )
-from specjax.decoding import (
-    PREFILL_CHUNK,
-    bucket_length,
-    generate,
-    prefill_chunks,
-    profile_phases,
-)
+from specjax.decoding import bucket_length, generate
 from specjax.drafters import registry
 from specjax.drafters.io import check_tree_options, load_drafter
 from specjax.interop.hf import load_target
 from specjax.interop.tokenizer import ChatTemplate
+from specjax.lab.phases import profile_phases
+from specjax.rounds import PREFILL_CHUNK, prefill_chunks
+from specjax.sampling import SamplingConfig
 from specjax.sharding import AUTO as AUTO_MESH
 from specjax.sharding import bytes_per_device, check_mesh_spec, describe, mesh_spec
 from specjax.target import Target
@@ -356,8 +353,8 @@ def phase_timings(target: Target, drafter, prompts: Sequence[list[int]], cfg: Be
                   pad_to: int) -> dict[str, float]:
   """`profile_phases` of one method as record fields (`t_draft_ms`, `t_draft_spread_ms`, ...)."""
   phases = profile_phases(target, prompts, drafter=drafter, repeats=cfg.profile_repeats,
-                          max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature,
-                          top_k=cfg.top_k, top_p=cfg.top_p, pad_to=pad_to)
+                          max_new_tokens=cfg.max_new_tokens, pad_to=pad_to,
+                          sampling=SamplingConfig(cfg.temperature, cfg.top_k, cfg.top_p))
   return {**{f"{name}_ms": phases[name] * 1e3 for name in PHASES},
           **{f"{name}_spread_ms": phases[f"{name}_spread"] * 1e3 for name in PHASES},
           "prefill_chunks_timed": max(prefill_chunks(len(p), pad_to) for p in prompts)}
@@ -445,7 +442,7 @@ def _finish(records: list[dict[str, Any]]) -> None:
     r["ideal_speedup"] = _ratio(r["tau"] * t_ar, round_ms)
     # End to end both pay a prefill per prompt: AR then one step per further token, the method
     # its rounds. The prefill, timed alone on one prompt, is scaled to each prompt by its number
-    # of prefill chunks (`decoding.prefill_chunks`). The loop is judged against this bound.
+    # of prefill chunks (`rounds.prefill_chunks`). The loop is judged against this bound.
     n = len(r["outputs"])
     ar_ms = _prefills(ar) + (ar["new_tokens"] - n) * t_ar
     r["ideal_speedup_e2e"] = _ratio(ar_ms, _prefills(r) + (r["target_calls"] - n) * round_ms)

@@ -2,7 +2,7 @@
 
 Verifying a block of T = N + 1 tokens (the pending token and an N-node draft) is one target
 forward with every block row's logits, the acceptance walk and the cache commit
-(`decoding._verify_phase`). `verify_parts` times, for each T:
+(`rounds.verify_phase`). `verify_parts` times, for each T:
 
   * `forward`:      the target forward as the loop runs it (T rows of logits, a cache of
                     `cache_len` slots of which `prompt_len` are live);
@@ -11,7 +11,7 @@ forward with every block row's logits, the acceptance walk and the cache commit
   * `dead_slots`:   what attending the cache's not-yet-written slots costs: `forward` minus the
                     same forward over a cache of just the live slots and the block;
   * `accept`:       `verify.accept` on the block's logits (greedy, and sampled at T = 1);
-  * `commit_chain`: the loop's commit of a chain's block (`decoding.commit_round`: the length
+  * `commit_chain`: the loop's commit of a chain's block (`rounds.commit_round`: the length
                     advances, no rows move);
   * `commit_tree`:  the commit of a tree whose accepted path is the whole block (every layer's
                     rows gathered into place);
@@ -48,17 +48,12 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from specjax import checks, sharding, timing, trees, verify
-from specjax.decoding import (
-    MIN_BUCKET,
-    bucket_length,
-    cache_length,
-    commit_round,
-    profile_phases,
-    round_loop,
-)
+from specjax.decoding import MIN_BUCKET, bucket_length, cache_length
 from specjax.drafters.oracle import Oracle
+from specjax.lab.phases import profile_phases, round_loop
 from specjax.models import decoder
 from specjax.models.cache import KVCache
+from specjax.rounds import commit_round
 from specjax.sampling import SamplingConfig
 from specjax.target import Target
 
@@ -140,7 +135,7 @@ def _accept_loop(target: Target, t: int, sampling: SamplingConfig, repeats: int,
 
 def _commit_loop(cache: KVCache, t: int, chain: bool, repeats: int, trials: int) -> float:
   """Per-iteration seconds of the loop's commit of a whole block of T slots
-  (`decoding.commit_round`): a chain's, or a tree's whose path is the whole block (the length is
+  (`rounds.commit_round`): a chain's, or a tree's whose path is the whole block (the length is
   reset after each commit, so every iteration keeps the same slots)."""
   path = jnp.arange(t, dtype=jnp.int32)[None, :]
   n = jnp.full((1,), t, jnp.int32)
@@ -278,7 +273,7 @@ def _trace_events(run: Callable[[], Any]) -> list[dict]:
 def kernel_times(target: Target, prompts, *, drafter=None, rounds: int = 20, trials: int = 3,
                  max_new_tokens: int = 64, temperature: float = 0.0, pad_to: int | None = None
                  ) -> dict[str, dict[str, float]]:
-  """Per round of `generate`'s loop (draft, then verify; `decoding.round_loop`), by scope
+  """Per round of `generate`'s loop (draft, then verify; `lab.phases.round_loop`), by scope
   ('phase/part', see `scope_of`): {"kernels": how many it launches, "seconds": their time},
   and "total" over all scopes.
 
@@ -289,12 +284,12 @@ def kernel_times(target: Target, prompts, *, drafter=None, rounds: int = 20, tri
   per round. Kernels that run concurrently (XLA CPU runs independent ones on its threads) each
   count in full, and the profiler's own cost is in every launch, so the seconds can add up to
   more than the round's wall time: use them for where the time goes, and
-  `decoding.profile_phases` for how long a round takes. On a mesh every device's kernels
+  `lab.phases.profile_phases` for how long a round takes. On a mesh every device's kernels
   count (a part on 8 devices launches 8 times as many)."""
   rounds = checks.integer("rounds", rounds, lo=2)  # at 1, the first draft's kernels would count
   trials = checks.integer("trials", trials, lo=1)
   run, hlo = round_loop(target, prompts, drafter=drafter, max_new_tokens=max_new_tokens,
-                        temperature=temperature, pad_to=pad_to)
+                        sampling=SamplingConfig(temperature), pad_to=pad_to)
   scopes = hlo_scopes(hlo)
   run(rounds)  # the first call loads the executable and warms the caches
   durations = collections.defaultdict(list)

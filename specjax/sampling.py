@@ -119,6 +119,8 @@ def _unflatten(mode: SamplingMode, leaves) -> SamplingConfig:
 
 jax.tree_util.register_pytree_node(SamplingConfig, _flatten, _unflatten)
 
+GREEDY = SamplingConfig()  # greedy decoding: the default of the tools that take a config
+
 
 def argmax(x: jax.Array) -> jax.Array:
   """int32[...] index of the largest entry of `[..., V]`: `jnp.argmax`'s result (first index of

@@ -91,8 +91,8 @@ def test_kv_cache_bytes_are_those_generate_allocates(tiny_target_dir):
   drafter = drafters.build("prompt_lookup", target)
   for spec in ("dp=4,tp=2", "dp=2,tp=4"):
     placed = target.on_mesh(spec)
-    _, args, _ = decoding._setup(placed, [[1, 2, 3]] * 3, 5, drafter, SamplingConfig(), 0, [], 8)
-    held = set(sharding.bytes_per_device(args[-1]).values())
+    run = decoding.prepare(placed, [[1, 2, 3]] * 3, 5, drafter, SamplingConfig(), 0, [], 8)
+    held = set(sharding.bytes_per_device(run.fresh_cache()).values())
     length = decoding.cache_length(8, 5, drafter.num_nodes, target.config.max_position_embeddings)
     assert held == {bench_scaling.kv_cache_bytes(target.config, placed.mesh, 3, length)}, spec
 

@@ -112,8 +112,8 @@ def test_chunked_prefill_matches_transformers(hf_checkpoint, variant):
   the batch's longest prompt needs: rows whose prompt ends inside, at the end of and past the
   first chunk, in one batch and alone, decode greedily as transformers does on each prompt
   alone (float ties excepted), and their first token's logits match its last prompt logits."""
-  from specjax import decoding
-  assert 192 % decoding.PREFILL_CHUNK == 0 and decoding.PREFILL_CHUNK < 192
+  from specjax import decoding, rounds
+  assert 192 % rounds.PREFILL_CHUNK == 0 and rounds.PREFILL_CHUNK < 192
   ckpt = hf_checkpoint(variant)
   rng = np.random.default_rng(11)
   prompts = [rng.integers(0, VOCAB, n).tolist() for n in (63, 64, 65, 130, 20, 190)]
@@ -123,13 +123,12 @@ def test_chunked_prefill_matches_transformers(hf_checkpoint, variant):
                               pad_to=192)
     for i, ours in zip(group, result.tokens):
       _assert_greedy_equal(ours, *refs[i], where=f"prompt {i} (len {len(prompts[i])})")
-  spec, args, _ = decoding._setup(ckpt.target, prompts[:4], 16, decoding.NoDrafter(),
-                                  SamplingConfig(), 0, [], 192)
-  params, _, tokens, lens = args[:4]
-  cfg = spec.config
+  run = decoding.prepare(ckpt.target, prompts[:4], 16, decoding.NoDrafter(), SamplingConfig(),
+                         0, [], 192)
+  params, tokens, lens = run.args.params, run.args.prompts, run.args.prompt_lens
+  cfg = run.spec.config
   taps = (1, cfg.num_layers)  # what drafters read at init: a layer's output, the final state
-  last, hidden, cache = decoding._prompt_pass(cfg, params, tokens, lens,
-                                              decoding._init_cache(spec, tokens.shape[0]), taps)
+  last, hidden, cache = rounds.prompt_pass(cfg, params, tokens, lens, run.fresh_cache(), taps)
   one_pass = decoder.full_forward(cfg, params, tokens, lens, hidden_layers=taps)
   for row in range(4):
     n = len(prompts[row])

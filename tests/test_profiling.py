@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 
 import specjax
-from specjax import decoding, drafters, hlo
-from specjax.decoding import bucket_length, cache_length, profile_phases
+from specjax import decoding, drafters, hlo, rounds
+from specjax.decoding import bucket_length, cache_length
+from specjax.lab import phases
+from specjax.lab.phases import profile_phases
 from specjax.profiling import (
   PARTS,
   hlo_scopes,
@@ -132,21 +134,20 @@ def test_profiled_prefill_and_rounds_are_generates_program(target):
   first, a cost `generate` does not pay; and the state it leaves to decode from is the prefill's,
   with the run's own budget."""
   for on in (target, target.on_mesh("dp=4,tp=2")):
-    spec, args = decoding._profiler_setup(on, [list(range(1, 21))], None, 16,
-                                          SamplingConfig(), None)
-    with decoding._mesh_context(spec.mesh):
-      fresh = decoding._init_cache(spec, args[2].shape[0])
-      expected = jax.jit(decoding._prefill, static_argnums=0)(spec, *args[:-1], fresh)
-    given = jax.tree.leaves(args[-1])
-    run, state = decoding._budget_runs(spec, args)
-    assert all(x.is_deleted() for x in given)
+    prepared = phases.prepare(on, [list(range(1, 21))], None, 16, SamplingConfig(), None)
+    with decoding.mesh_context(prepared.spec.mesh):
+      expected = jax.jit(rounds.prefill, static_argnums=0)(prepared.spec, prepared.args,
+                                                            prepared.fresh_cache())
+    run, state = phases.budget_runs(prepared)
+    given = prepared.fresh_cache()
+    again = run(given, True)
+    assert all(x.is_deleted() for x in jax.tree.leaves(given))
     assert not any(x.is_deleted() for x in jax.tree.leaves(state.cache))
     assert int(state.max_new) == 16 and not state.done[0]  # rows past the first: batch padding
     assert _values(state) == _values(expected)
-    again = run(decoding._init_cache(spec, args[2].shape[0]), True)
     assert _values(again.cache) == _values(expected.cache)
     # The whole budget: generate's own run, whose rounds are its target calls after the prefill.
-    full = run(decoding._init_cache(spec, args[2].shape[0]), False)
+    full = run(prepared.fresh_cache(), False)
     ran = decoding.generate(on, [list(range(1, 21))], max_new_tokens=16, eos_token_id=[])
     assert np.asarray(full.history)[0, 20:36].tolist() == ran.tokens[0]
     assert int(full.rounds) == ran.stats.target_calls - 1 == 15
@@ -181,15 +182,15 @@ def test_profiler_programs_have_no_collective_races(target, method, monkeypatch)
   drafter = {"ngram": drafters.build("ngram", on_mesh, num_tokens=6, verify_sizes=(0, 2)),
              "eagle": tt.learned_drafter("eagle", on_mesh)}[method]
   texts = []
-  program = decoding._verify_loop_program
+  program = phases._verify_loop_program
 
   def spy(*args):
     texts.append(program.lower(*args).compile().as_text())
     return program(*args)
-  monkeypatch.setattr(decoding, "_verify_loop_program", spy)
+  monkeypatch.setattr(phases, "_verify_loop_program", spy)
   prompt = [list(range(1, 21))]
   profile_phases(on_mesh, prompt, drafter=drafter, max_new_tokens=16, repeats=1, trials=1)
-  texts.append(decoding.round_loop(on_mesh, prompt, drafter=drafter, max_new_tokens=16)[1])
+  texts.append(phases.round_loop(on_mesh, prompt, drafter=drafter, max_new_tokens=16)[1])
   assert len(texts) >= 2  # the verify loop (one per size used) and the round loop
   for text in texts:
     assert hlo.races(text) == [], [str(r) for r in hlo.races(text)]
@@ -210,14 +211,14 @@ def test_profile_phases_weighs_the_verify_sizes_a_run_used(target, monkeypatch):
   used = [i for i, k in enumerate(ran.stats.rounds_by_size.values()) if k]
   assert len(used) >= 2  # a repetitive prompt, then the target's own text: several lengths
   timed = []
-  loop = decoding._verify_loop_program
+  loop = phases._verify_loop_program
 
-  def spy(spec, params, drafter, eos, state, n_verify, size):
+  def spy(spec, args, state, n_verify, size):
     if n_verify:  # a loop of no verification is the baseline, whatever its size
       timed.append(int(size))
-    return loop(spec, params, drafter, eos, state, n_verify, size)
+    return loop(spec, args, state, n_verify, size)
 
-  monkeypatch.setattr(decoding, "_verify_loop_program", spy)
+  monkeypatch.setattr(phases, "_verify_loop_program", spy)
   out = profile_phases(target, [prompt], drafter=drafter, max_new_tokens=16, repeats=2, trials=2)
   assert set(timed) == set(used)
   assert math.isfinite(out["t_verify"]) and math.isfinite(out["t_draft"])

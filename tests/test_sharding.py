@@ -29,10 +29,11 @@ import numpy as np
 import pytest
 
 import specjax
-from specjax import assets, decoding, drafters, hlo, profiling, sharding
+from specjax import assets, decoding, drafters, hlo, profiling, rounds, sharding
 from specjax.drafters import draft_lm
 from specjax.drafters.io import load_drafter
 from specjax.interop.hf import load_target
+from specjax.lab import phases
 from tests.helpers import tiny_targets as tt
 
 MESHES = ("dp=1,tp=8", "dp=2,tp=4", "dp=4,tp=2", "dp=8,tp=1")
@@ -157,9 +158,8 @@ def test_placement_is_real(embedded, spec):
       assert _shard_fraction(x) == {1 / tp}, name
       split += 1
   assert split == 1 + 5 * target.config.num_layers  # embedding + q, o, gate, up, down per layer
-  spec_, args, _ = decoding._setup(target, [[1, 2, 3]] * 8, 4, decoding.NoDrafter(),
-                                   decoding.SamplingConfig(), 0, None, None)
-  cache = args[-1]
+  cache = decoding.prepare(target, [[1, 2, 3]] * 8, 4, decoding.NoDrafter(),
+                           decoding.SamplingConfig()).fresh_cache()
   kv_split = target.config.num_kv_heads % tp == 0
   for shard in (s for layer in cache.k for s in layer.addressable_shards):
     b, _, k, _ = shard.data.shape
@@ -225,7 +225,7 @@ def test_copied_drafters_look_tokens_up_without_collectives(embedded, name):
   drafter = drafters.build(name, target)
   assert sharding.replicates_drafter(drafter, target.params, target.mesh)
   prompts = [embedded.encode(t) for t in _CODE[:4]]
-  _, hlo = decoding.round_loop(target, prompts, drafter=drafter, max_new_tokens=NEW)
+  _, hlo = phases.round_loop(target, prompts, drafter=drafter, max_new_tokens=NEW)
   assert any(s.startswith("draft/") for s in profiling.hlo_scopes(hlo).values())  # premise
   found = _collectives(hlo)
   lookups = {k: n for k, n in found.items() if k[2] == "gather"
@@ -341,7 +341,7 @@ def test_no_collective_races_in_any_program(tiny):
   (`specjax.hlo.races`): none can deadlock devices that enter them in different orders. The
   programs are the matrix's own (compiled there already when it ran first)."""
   target, built = tiny
-  assert decoding.PREFILL_CHUNK < PAD  # premise: the prefill's chunk loop is in the programs
+  assert rounds.PREFILL_CHUNK < PAD  # premise: the prefill's chunk loop is in the programs
   for spec in ("dp=4,tp=2", "dp=1,tp=8"):
     on_mesh = target.on_mesh(spec)
     for drafter in built.values():

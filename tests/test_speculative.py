@@ -303,14 +303,14 @@ def test_chain_rounds_update_the_cache_in_place(monkeypatch, name):
   copies each layer's cache."""
   target = tt.scaled_target(tt.config(tt.GREEDY_VOCAB, num_heads=4, num_kv_heads=2), seed=0)
   programs = []
-  compiled = decoding._compiled
+  compiled = decoding.compiled
 
-  def spy(spec, *args):
-    program, seconds = compiled(spec, *args)
+  def spy(spec, args, cache):
+    program, seconds = compiled(spec, args, cache)
     programs.append(program)
     return program, seconds
 
-  monkeypatch.setattr(decoding, "_compiled", spy)
+  monkeypatch.setattr(decoding, "compiled", spy)
   specjax.generate(target, [PROMPTS[1]], max_new_tokens=NEW, drafter=_CHAIN_DRAFTERS[name](target),
                    pad_to=PAD)
   hlo = programs[-1].as_text()

@@ -28,6 +28,7 @@ import pytest
 
 import specjax
 from specjax import assets, decoding, drafters, sharding, trees
+from specjax import rounds as core
 from specjax.drafters import eagle_common, io, learned, medusa
 from specjax.drafters.base import DraftContext, TargetView
 from specjax.models import decoder
@@ -111,14 +112,12 @@ PROMPT = [5, 17, 3, 88, 41, 3, 17, 9, 60, 2, 71, 33]
 def _rounds(target, drafter, rounds: int, prompts=(PROMPT,)):
   """Prefill + `rounds` speculative rounds through decoding's own phases (a ragged batch when
   `prompts` holds several)."""
-  spec, args, _ = decoding._setup(target, list(prompts), 48, drafter, SamplingConfig(), 0, [],
-                                  16)
-  params, drafter, eos = args[0], args[1], args[5]
-  state = jax.jit(decoding._prefill, static_argnums=0)(spec, *args)
-  step = jax.jit(decoding._round, static_argnums=0)
-  dparams = decoding._drafter_params(spec, params)  # the params themselves on one device
+  run = decoding.prepare(target, list(prompts), 48, drafter, SamplingConfig(), 0, [], 16)
+  state = jax.jit(core.prefill, static_argnums=0)(run.spec, run.args, run.fresh_cache())
+  loop = core.Loop.of(run.spec, run.args)
+  step = jax.jit(core.run_round)
   for _ in range(rounds):
-    state = step(spec, params, dparams, drafter, eos, state)
+    state = step(loop, state)
   return state
 
 
