@@ -170,7 +170,7 @@ def mesh_context(mesh):
 
 def compiled(spec: Spec, args: ProgramArgs, cache: KVCache
              ) -> tuple[jax.stages.Compiled, float]:
-  """`rounds.program` AOT-compiled once per (spec, argument structure, shapes), called as
+  """`rounds.generate_program` AOT-compiled once per (spec, argument structure, shapes), called as
   `program(args, cache)`; returns it and the compile time (0.0 when it was compiled before).
 
   On a mesh the program's in_shardings are its arguments' (placed by `prepare`) and its
@@ -184,7 +184,7 @@ def compiled(spec: Spec, args: ProgramArgs, cache: KVCache
   if spec.mesh is not None:
     placed = dict(in_shardings=jax.tree.map(lambda a: a.sharding, (args, cache)),
                   out_shardings=rounds.state_shardings(spec))
-  fn = jax.jit(rounds.program, static_argnums=0, donate_argnums=2, **placed)
+  fn = jax.jit(rounds.generate_program, static_argnums=0, donate_argnums=2, **placed)
   with mesh_context(spec.mesh):
     _COMPILED[key] = fn.lower(spec, args, cache).compile()
   return _COMPILED[key], time.perf_counter() - begin

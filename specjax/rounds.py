@@ -1,9 +1,10 @@
 """The jitted program of `generate`: the prompt pass, then a `lax.while_loop` of rounds.
 
-Read top to bottom: `program` runs `prompt_phase` (the prompts' forward pass and each row's first
-token), then `start` (the loop's state and the drafter's `init`) and `decode` (the loop), in which
-each round (`run_round`) drafts a tree (`draft_phase`), verifies `[pending | tree]` in one target
-call (`verify_phase`), accepts, commits the accepted path to the cache and updates the drafter.
+Read top to bottom: `generate_program` runs `prompt_phase` (the prompts' forward pass and each
+row's first token), then `start` (the loop's state and the drafter's `init`) and `decode` (the
+loop), in which each round (`run_round`) drafts a tree (`draft_phase`), verifies
+`[pending | tree]` in one target call (`verify_phase`), accepts, commits the accepted path to the
+cache and updates the drafter.
 
 Conventions (the field's):
   * the cache holds every emitted token except the last one, `pending`, whose KV is written by
@@ -188,7 +189,7 @@ def _is_eos(tokens: jax.Array, eos_ids: jax.Array) -> jax.Array:
 # The program
 
 
-def program(spec: Spec, args: ProgramArgs, cache: KVCache) -> DecodeState:
+def generate_program(spec: Spec, args: ProgramArgs, cache: KVCache) -> DecodeState:
   """`generate`'s whole run: the prompt pass, then the loop of rounds until every row is done.
 
   On a mesh, every loop or branch of the program that communicates is ordered by data against
