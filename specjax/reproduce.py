@@ -118,8 +118,7 @@ def family_of(method: str, cfg: BenchmarkConfig) -> str:
   """The registered family behind a row: itself, or for a label the folder's family."""
   if method in drafters.names() or method not in cfg.drafter:
     return method
-  from specjax.drafters import io
-  from specjax.interop import formats
+  from specjax.drafters import formats, io
   path = cfg.drafter[method]
   layout = formats.detect(path)  # a published layout is named after its family
   return io.read_config(path)["method"] if layout == formats.SPECJAX else layout

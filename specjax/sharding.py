@@ -35,19 +35,30 @@ import math
 import os
 import re
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
-
-from specjax.models.config import ModelConfig
 
 DATA, MODEL = "data", "model"
 AUTO = "auto"  # the mesh spec of `auto_mesh`
 _SPEC_NAMES = {"dp": DATA, "data": DATA, "tp": MODEL, "model": MODEL}
 
 EMBEDDING = r"embed_tokens/embedding$"  # a target's input embedding table, by parameter path
+
+
+class ModelShape(Protocol):
+  """The sizes the partition rules read of a model: a `specjax.models.config.ModelConfig`, or any
+  object with these fields. This module names them rather than importing the config class: the
+  models import this module, so it lies below them."""
+
+  num_heads: int
+  num_kv_heads: int
+  intermediate_size: int
+  vocab_size: int
+  hf_architecture: str  # named in errors
+
 
 # (regex searched in the parameter path, logical axis per dimension). Order matters.
 Rules = tuple[tuple[str, tuple[str | None, ...]], ...]
@@ -166,7 +177,7 @@ def host_cores() -> int:
   return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def auto_mesh(cfg: ModelConfig, devices: Sequence[Any] | None = None) -> Mesh | None:
+def auto_mesh(cfg: ModelShape, devices: Sequence[Any] | None = None) -> Mesh | None:
   """The mesh of `mesh="auto"`: tensor parallelism (dp=1) over as many of `devices` (default:
   every device) as `cfg`'s heads, MLP units and vocabulary allow, or None when that is one.
 
@@ -189,7 +200,7 @@ def auto_mesh(cfg: ModelConfig, devices: Sequence[Any] | None = None) -> Mesh | 
   return None
 
 
-def model_mesh(spec: str | Mesh | None, cfg: ModelConfig) -> Mesh | None:
+def model_mesh(spec: str | Mesh | None, cfg: ModelShape) -> Mesh | None:
   """The mesh a model of `cfg` is placed on for `spec`: "auto" (`auto_mesh`: None where it
   finds one device), else `make_mesh(spec)`."""
   if isinstance(spec, str) and spec.strip() == AUTO:
@@ -213,7 +224,7 @@ def model_size(mesh: Mesh | None) -> int:
 # -- logical axes -> mesh axes -----------------------------------------------------------------
 
 
-def axis_map(cfg: ModelConfig | None, mesh: Mesh, *, strict: bool) -> dict[str, str | None]:
+def axis_map(cfg: ModelShape | None, mesh: Mesh, *, strict: bool) -> dict[str, str | None]:
   """Logical axis -> mesh axis for a model of `cfg` on `mesh`.
 
   `kv_heads` falls back to replicated when the model axis does not divide the KV heads (the
@@ -312,7 +323,7 @@ def place(tree: Any, tree_shardings: Any) -> Any:
 # -- what a target, a drafter and a cache get --------------------------------------------------
 
 
-def param_shardings(cfg: ModelConfig, params: Any, mesh: Mesh) -> Any:
+def param_shardings(cfg: ModelShape, params: Any, mesh: Mesh) -> Any:
   """NamedShardings of a target's params (strict: a target must split as the rules say)."""
   return shardings(params, PARAM_RULES, axis_map(cfg, mesh, strict=True), mesh, strict=True)
 
@@ -322,7 +333,7 @@ def drafter_rules(drafter: Any) -> Rules:
   return tuple(getattr(drafter, "partition_rules", ())) + PARAM_RULES
 
 
-def drafter_shardings(drafter: Any, target_cfg: ModelConfig, mesh: Mesh) -> Any:
+def drafter_shardings(drafter: Any, target_cfg: ModelShape, mesh: Mesh) -> Any:
   """NamedShardings of a drafter pytree's array leaves. Dimensions are resolved against the
   drafter's own network config (`partition_config`, e.g. a draft LM's) or the target's, and
   whatever does not divide is replicated."""
@@ -331,7 +342,7 @@ def drafter_shardings(drafter: Any, target_cfg: ModelConfig, mesh: Mesh) -> Any:
                    what="drafter leaf")
 
 
-def shard_drafter(drafter: Any, target_cfg: ModelConfig, mesh: Mesh) -> Any:
+def shard_drafter(drafter: Any, target_cfg: ModelShape, mesh: Mesh) -> Any:
   """The drafter with its arrays split on `mesh` by its rules (a no-op for one already placed)."""
   return place(drafter, drafter_shardings(drafter, target_cfg, mesh))
 
@@ -428,7 +439,7 @@ def constrain(x: jax.Array, logical: tuple[str | None, ...]) -> jax.Array:
   return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, PartitionSpec(*axes)))
 
 
-def cache_spec(cfg: ModelConfig, mesh: Mesh) -> PartitionSpec:
+def cache_spec(cfg: ModelShape, mesh: Mesh) -> PartitionSpec:
   """A layer's cache [B, S, K, D]: rows over data, KV heads over model (or replicated: the
   KV-head rule)."""
   return logical_spec(CACHE_AXES, axis_map(cfg, mesh, strict=False))

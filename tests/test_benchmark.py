@@ -284,8 +284,8 @@ def test_paper_configs_run_on_tiny_checkpoints(tmp_path):
   from specjax.benchmark import build_drafter
   from specjax.config_utils import load_config
   from specjax.drafters import io
+  from tests.drafters import test_dflash_format as published
   from tests.helpers import tiny_targets as tt
-  from tests.interop import test_formats_dflash as published
   folder = _user_checkpoint(tmp_path / "user_model")
   config = json.loads((folder / "tokenizer_config.json").read_text())
   config["chat_template"] = ("{% if enable_thinking is defined and not enable_thinking %}"

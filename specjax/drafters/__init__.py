@@ -5,7 +5,9 @@
 
 A new drafter is a file that defines a protocol-conforming pytree and registers a builder with
 `specjax.drafters.registry.register("name")`; the benchmark then picks it up without edits. This
-package only re-exports: importing it imports every family file, which registers itself.
+package only re-exports: importing it imports every family file, which registers itself, and
+every published layout's reader (`formats`; `eagle3_format.py`, ...), which registers itself
+with `formats` and imports its family.
 """
 
 from specjax.drafters import (  # noqa: F401
@@ -22,5 +24,10 @@ from specjax.drafters import (  # noqa: F401
 )
 from specjax.drafters.base import Drafter, NoDrafter
 from specjax.drafters.registry import available, build, describe, names, register
+
+# The published layouts, in the order that `formats` lists them in its errors.
+# isort: off
+from specjax.drafters import eagle3_format, eagle_format, medusa_format, dflash_format  # noqa: F401
+# isort: on
 
 __all__ = ["Drafter", "NoDrafter", "available", "build", "describe", "names", "register"]

@@ -50,10 +50,10 @@ from specjax.config_utils import NonNegInt, PosInt, config
 from specjax.drafters import io, learned
 from specjax.drafters.base import DraftContext, Prefill, RoundResult, TargetFacts, TargetView
 from specjax.models import layers
-from specjax.models.attention import _MASK_VALUE
 from specjax.models.cache import KVCache
 from specjax.models.config import ModelConfig
 from specjax.models.layers import RMSNorm
+from specjax.models.xla_attention import _MASK_VALUE
 
 
 @config

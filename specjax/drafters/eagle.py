@@ -26,7 +26,7 @@ from specjax.models.config import ModelConfig
 class EagleConfig:
   """model: the draft layer's shapes (heads, head_dim, MLP width, RoPE, q/k/v bias, q/k norm):
   the target's config with num_layers = 1 when specjax trains the head, the published head's own
-  for a loaded one (`specjax.interop.formats.eagle`); its hidden_size is the target's.
+  for a loaded one (`specjax.drafters.eagle_format`); its hidden_size is the target's.
   fc_bias: whether fc carries a bias (EAGLE's default; its Llama-3 heads have none)."""
 
   model: ModelConfig

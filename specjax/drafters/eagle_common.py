@@ -41,6 +41,7 @@ from specjax.drafters.base import DraftContext, Prefill, RoundResult, TargetFact
 from specjax.models import attention, decoder, layers
 from specjax.models.cache import KVCache
 from specjax.models.config import ModelConfig
+from specjax.models.xla_attention import _MASK_VALUE
 
 
 class DraftLayer(layers.Attention):
@@ -85,7 +86,7 @@ def _ttt_attention(q, keys, values, sm_scale):
   qg = q.reshape(b, t, kv, h // kv, d)
   causal = jnp.tril(jnp.ones((t, t), bool))
   s0 = jnp.einsum("BTKGD,BSKD->BKGTS", qg, keys[0], preferred_element_type=jnp.float32)
-  s0 = jnp.where(causal, s0 * sm_scale, attention._MASK_VALUE)
+  s0 = jnp.where(causal, s0 * sm_scale, _MASK_VALUE)
   diag = [jnp.einsum("BTKGD,BTKD->BKGT", qg, k, preferred_element_type=jnp.float32)[..., None]
           * sm_scale for k in keys[1:]]
   probs = jax.nn.softmax(jnp.concatenate([s0, *diag], axis=-1), axis=-1)

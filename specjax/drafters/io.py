@@ -30,7 +30,7 @@ from typing_extensions import Required, TypedDict  # pydantic needs these on Pyt
 
 from specjax import assets, checks, config_utils, files, sharding
 from specjax.config_utils import NonNegInt, PosInt
-from specjax.drafters import learned, registry
+from specjax.drafters import formats, learned, registry
 from specjax.interop.tokenizer import tokenizer_fingerprint
 from specjax.models.config import ModelConfig
 
@@ -183,7 +183,7 @@ def load_drafter(path: str | os.PathLike, target, *, format: str | None = None,
   DFlash: depth, top_k, total_tokens). On a target with a mesh the drafter is laid out on it
   (`specjax.sharding.place_drafter`).
 
-  format: the folder's layout, "specjax" or a published one (`specjax.interop.formats`: eagle3,
+  format: the folder's layout, "specjax" or a published one (`specjax.drafters.formats`: eagle3,
     eagle, medusa, dflash); default: detected from the folder.
   method: the family the caller asks for (a registered builder's name): a folder of another
     family is refused, naming both.
@@ -211,10 +211,9 @@ def check_tree_options(method: str, options: dict[str, Any]) -> None:
 
 
 def read_drafter(path: str | os.PathLike, target, *, format: str | None = None):
-  """A drafter folder's network for `target`, unassembled (`specjax.interop.formats.Converted`:
+  """A drafter folder's network for `target`, unassembled (`specjax.drafters.formats.Converted`:
   family, network config at the target's compute dtype, params, d2t, taps, default tree), every
   check of `load_drafter` done: what a tree is built from, and what fine-tuning starts from."""
-  from specjax.interop import formats
   from specjax.target import Target
   if not isinstance(target, Target):
     raise ValueError(f"a drafter is read for a loaded target (specjax.load_target(folder)), got "
@@ -280,10 +279,9 @@ def _placed(drafter, target):
 
 def export_drafter(path: str | os.PathLike, drafter, target, format: str,
                    dtype: str | None = None, *, overwrite_shipped: bool = False) -> None:
-  """Writes a loaded learned drafter in a published layout (`specjax.interop.formats`), for
+  """Writes a loaded learned drafter in a published layout (`specjax.drafters.formats`), for
   the tools that read that layout; `load_drafter` reads it back. A folder inside the shipped
   assets needs `overwrite_shipped=True`."""
-  from specjax.interop import formats
   formats.write(path, drafter, target, format, dtype, overwrite_shipped=overwrite_shipped)
 
 

@@ -23,7 +23,7 @@ import jax
 from jax.sharding import PartitionSpec as P
 
 from pallas_kernels.tree_attention import pack_tree_mask, tree_attention
-from specjax.models.attention import xla_attention
+from specjax.models.xla_attention import xla_attention
 from specjax.sharding import DATA, MODEL, tracing_mesh
 
 MAX_TREE_TOKENS = 128  # longest block (tree + root, or prompt bucket) sent to the kernel

@@ -242,7 +242,7 @@ def test_learned_drafters_on_gemma_are_lossless(hf_checkpoint, variant, method, 
   """A randomly initialised learned drafter on a Gemma target (its embeddings read through
   `learned.embed`, scaled as the target's) drafts, and greedy output equals autoregressive. The
   published layouts, which hold Llama/Qwen layers, refuse to write its Gemma-shaped layers."""
-  from specjax.interop import formats
+  from specjax.drafters import formats
   from tests.helpers import tiny_targets
   target = hf_checkpoint(variant).target
   rng = np.random.default_rng(3)

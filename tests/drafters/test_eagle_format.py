@@ -1,4 +1,4 @@
-"""EAGLE-1/2 heads in their published layout (`specjax.interop.formats.eagle`).
+"""EAGLE-1/2 heads in their published layout (`specjax.drafters.eagle_format`).
 
 Random heads are written as their authors save them (config.json with `bias` / `qkv_bias`, a
 torch pickle or safetensors of `embed_tokens`, `fc`, `layers.0.*` without an input norm), for tiny
@@ -20,8 +20,7 @@ from flax import nnx
 torch = pytest.importorskip("torch")
 
 import specjax  # noqa: E402
-from specjax.drafters import io, learned  # noqa: E402
-from specjax.interop import formats  # noqa: E402
+from specjax.drafters import formats, io, learned  # noqa: E402
 from tests.helpers import torch_ref  # noqa: E402
 
 IDS = [5, 17, 42, 3, 99, 150, 7, 64, 23, 11, 200, 31]

@@ -31,10 +31,9 @@ from typing import Any
 
 import numpy as np
 
-from specjax.drafters import learned
+from specjax.drafters import format_common as common
+from specjax.drafters import formats, learned
 from specjax.drafters.eagle import EagleConfig, EagleNet
-from specjax.interop import formats
-from specjax.interop.formats import common
 
 EMBED = "embed_tokens.weight"
 # Our param path prefix -> the published one (the first match applies).

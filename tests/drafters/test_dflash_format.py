@@ -34,9 +34,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 import specjax
-from specjax.drafters import dflash, io, learned
-from specjax.interop import formats
-from specjax.interop.formats import dflash as dflash_format
+from specjax.drafters import dflash, dflash_format, formats, io, learned
 from specjax.models import decoder
 from tests.helpers import torch_ref
 

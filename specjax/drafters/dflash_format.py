@@ -53,9 +53,9 @@ from typing import Any
 
 import numpy as np
 
+from specjax.drafters import eagle3_format, formats
+from specjax.drafters import format_common as common
 from specjax.drafters.dflash import DFlashConfig, DFlashNet
-from specjax.interop import formats
-from specjax.interop.formats import common, eagle3
 
 ARCHITECTURE = "DFlashDraftModel"
 MASK = "mask_embedding"
@@ -171,7 +171,7 @@ class DFlashFormat(formats.Format):
       raise ValueError(f"{where}: fc.weight has shape {fc}, expected [H, n H] with H = {e}")
     mask_id, mask_how = _mask(ckpt, config, cfg.vocab_size, e, where)
     draft_vocab = (ckpt.shapes["d2t"] or (0,))[0] if "d2t" in ckpt else cfg.vocab_size
-    d2t = eagle3.vocab_map(ckpt, draft_vocab, cfg.vocab_size)
+    d2t = eagle3_format.vocab_map(ckpt, draft_vocab, cfg.vocab_size)
     net = DFlashConfig(model, fc[1] // e, int(block_size), int(d2t.size), mask_id)
     params = read_params(ckpt, net)
     common.check_embedding(ckpt, target)

@@ -40,10 +40,9 @@ from typing import Any
 
 import numpy as np
 
-from specjax.drafters import learned, static_tree
+from specjax.drafters import format_common as common
+from specjax.drafters import formats, learned, static_tree
 from specjax.drafters.medusa import MedusaConfig, MedusaHeads
-from specjax.interop import formats
-from specjax.interop.formats import common
 
 WEIGHTS = "medusa_lm_head.safetensors"
 PICKLE = "medusa_lm_head.pt"

@@ -12,17 +12,24 @@ one. Each format maps a published layout onto an existing family, without retrai
 Layer-index conventions differ between publishers; every format states how it turns the
 folder's ids into specjax's hidden-state indices (0 = the embeddings, i = the output of layer
 i, L = the final normed state) and records it in the drafter's `source`.
+
+This module is the registry of layouts. Each layout is a file beside its family
+(`eagle3_format.py`, ...) that registers a `Format` here; the package facade `specjax.drafters`
+imports those files as it imports the families. Neither this module nor `specjax.drafters.io`
+reads a family's file: the families import `io` (`io.register_family`), and the layouts import
+the families.
 """
 
 from __future__ import annotations
 
 import abc
-import importlib
 import os
 import warnings
 from typing import Any
 
-from specjax.interop.formats.common import Checkpoint, Converted, read_config, tensor_names
+from specjax import assets, files
+from specjax.drafters import registry
+from specjax.drafters.format_common import Checkpoint, Converted, read_config, tensor_names
 
 SPECJAX = "specjax"
 
@@ -61,14 +68,12 @@ def register(fmt: Format) -> Format:
 
 
 def names() -> list[str]:
-  _load_builtin()
   return [SPECJAX, *_FORMATS]
 
 
 def get(name: str) -> Format:
   """The published layout `name` (`specjax`, the library's own, has no Format: its folders are
   written by `drafters.io.save_drafter` and read by `load_drafter`)."""
-  _load_builtin()
   if name == SPECJAX:
     raise ValueError(f"{SPECJAX!r} is specjax's own drafter folder layout, which "
                      "specjax.drafters.io.save_drafter writes and load_drafter reads; the "
@@ -80,7 +85,6 @@ def get(name: str) -> Format:
 
 def detect(path: str | os.PathLike) -> str:
   """The layout of the drafter folder at `path`: "specjax" or a published format's name."""
-  _load_builtin()
   path = os.fspath(path)
   if not os.path.isdir(path):
     raise ValueError(f"no drafter folder at {path}")
@@ -142,8 +146,6 @@ def write(path: str | os.PathLike, drafter, target, format: str, dtype: str | No
   whole (`specjax.files.atomic_dir`), so a failed write leaves the previous folder complete;
   its files the layout does not write are kept, but for earlier weights (safetensors files and
   their index). A folder inside the shipped assets needs `overwrite_shipped=True`."""
-  from specjax import assets, files
-  from specjax.drafters import registry
   assets.check_writable(path, overwrite_shipped, f"the {format} drafter folder")
   fmt = get(format)
   if not isinstance(drafter.net, registry.family(fmt.method).config_cls):
@@ -153,12 +155,3 @@ def write(path: str | os.PathLike, drafter, target, format: str, dtype: str | No
   with files.atomic_dir(path, drop=stale) as out:
     fmt.write(out, drafter, target, dtype)
 
-
-BUILTIN = ("eagle3", "eagle", "medusa", "dflash")
-
-
-def _load_builtin() -> None:
-  """Imports the built-in formats (each registers itself; importing one alone registers only
-  that one, so the registry asks for all of them)."""
-  for name in BUILTIN:
-    importlib.import_module(f"specjax.interop.formats.{name}")

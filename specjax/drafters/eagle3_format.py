@@ -37,9 +37,9 @@ from typing import Any
 
 import numpy as np
 
+from specjax.drafters import format_common as common
+from specjax.drafters import formats
 from specjax.drafters.eagle3 import Eagle3Config, Eagle3Net
-from specjax.interop import formats
-from specjax.interop.formats import common
 
 # Our param path prefix -> the published one (the first match applies).
 _NAMES = (

@@ -30,9 +30,7 @@ from flax import nnx
 from safetensors import safe_open
 
 import specjax
-from specjax.drafters import io, learned, registry
-from specjax.interop import formats
-from specjax.interop.formats import eagle3 as eagle3_format
+from specjax.drafters import eagle3_format, formats, io, learned, registry
 from specjax.models import decoder
 from tests.helpers import torch_ref as tr
 

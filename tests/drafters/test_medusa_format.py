@@ -29,9 +29,8 @@ import pytest
 
 import specjax
 from specjax import sharding
-from specjax.drafters import io, learned, medusa, static_tree
+from specjax.drafters import formats, io, learned, medusa, static_tree
 from specjax.drafters.base import DraftContext, TargetView
-from specjax.interop import formats
 from specjax.models import decoder
 from specjax.sampling import SamplingConfig
 
