@@ -40,13 +40,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Annotated
 
 import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
 from specjax import checks, trees
-from specjax.config_utils import NonNegInt, PosInt, config
+from specjax.config_utils import Ge, NonNegInt, PosInt, config
 from specjax.drafters import io, learned
 from specjax.drafters.base import DraftContext, Prefill, RoundResult, TargetFacts, TargetView
 from specjax.models import layers
@@ -87,6 +88,18 @@ class DFlashConfig:
 
   def with_dtype(self, dtype: str) -> DFlashConfig:
     return dataclasses.replace(self, model=self.model.replace(dtype=dtype, compute_dtype=dtype))
+
+
+@config
+class DFlashOptions(learned.TapOptions):
+  """DFlash's training options: its taps, the draft layers and block, and the anchors."""
+
+  num_layers: PosInt = 1  # draft decoder layers
+  num_kv_heads: NonNegInt = 0  # K/V heads of the draft layers (0: the target's)
+  block_size: Annotated[int, Ge(2)] = 8  # B: the last token and B - 1 masked positions
+  num_anchors: NonNegInt = 0  # the random starts (anchors) a step trains per row (0: all)
+  correction_rank: NonNegInt = 0  # the causal correction's width (0: none)
+  anchor_feature: bool = False  # the context before the anchor into the block's inputs
 
 
 def block_attention(q, k, v, ctx_k, ctx_v, ctx_mask, sm_scale):
@@ -468,8 +481,7 @@ class DFlashFamily(learned.Family):
   module = DFlashNet
   config_cls = DFlashConfig
   uses_target_head = True
-  options = ("target_layers", "num_layers", "num_kv_heads", "block_size", "num_anchors",
-             "correction_rank", "anchor_feature")
+  options_cls = DFlashOptions
   # One mask embedding serves every masked position and positions are RoPE'd: no parameter
   # depends on the block size, so a trained drafter can start a run with a longer block.
   free_fields = ("block_size",)
@@ -480,42 +492,40 @@ class DFlashFamily(learned.Family):
     n = target_cfg.num_layers
     return tuple(sorted({max(1, n // 3), max(1, 2 * n // 3), n}))
 
-  def make_config(self, target_cfg, *, draft_vocab_size, num_features, num_layers: int = 1,
-                  num_kv_heads: int = 0, block_size: int = 8, mask_token_id: int | None = None,
-                  correction_rank: int = 0, anchor_feature: bool = False, **_
+  def make_config(self, target_cfg, *, draft_vocab_size, num_features,
+                  options: DFlashOptions | None = None, mask_token_id: int | None = None
                   ) -> DFlashConfig:
     """Draft layers shaped as the target's (`num_kv_heads` 0), or with more K/V heads: every
     masked position reads the context and the last token only through its layers' values, so
     a target with few K/V heads narrows what one layer can carry."""
-    num_layers = checks.integer("num_layers", num_layers, lo=1)
+    o = options or DFlashOptions()
     heads = target_cfg.num_heads
-    num_kv_heads = checks.integer("num_kv_heads", num_kv_heads, lo=0) or target_cfg.num_kv_heads
+    num_kv_heads = o.num_kv_heads or target_cfg.num_kv_heads
     if heads % num_kv_heads:
       raise ValueError(f"num_kv_heads must divide the {heads} attention heads, got {num_kv_heads}")
-    model = target_cfg.replace(num_layers=num_layers, num_kv_heads=num_kv_heads,
+    model = target_cfg.replace(num_layers=o.num_layers, num_kv_heads=num_kv_heads,
                                attention_impl="xla", qk_norm=True, compute_dtype=target_cfg.dtype)
-    return DFlashConfig(model, num_features, block_size, draft_vocab_size, mask_token_id,
-                        correction_rank, bool(anchor_feature))
+    return DFlashConfig(model, num_features, o.block_size, draft_vocab_size, mask_token_id,
+                        o.correction_rank, o.anchor_feature)
 
   def check_training(self, cfg) -> None:
-    steps = max(cfg.train_steps, cfg.eval_depth)
-    if cfg.block_size < 2:
-      raise ValueError(f"DFlash block_size must be >= 2, got {cfg.block_size}")
-    if steps > cfg.block_size - 1:
+    o, steps = cfg.family, max(cfg.train_steps, cfg.eval_depth)
+    if steps > o.block_size - 1:
       raise ValueError(f"train_steps and eval_depth must be at most block_size - 1 = "
-                       f"{cfg.block_size - 1} (the depths one block drafts), got {steps}")
-    if cfg.num_anchors and not 1 <= cfg.num_anchors <= cfg.row_len - 1:
+                       f"{o.block_size - 1} (the depths one block drafts), got {steps}")
+    if o.num_anchors and not 1 <= o.num_anchors <= cfg.row_len - 1:
       raise ValueError(f"num_anchors must be in [1, {cfg.row_len - 1}] for rows of "
-                       f"{cfg.row_len} tokens, got {cfg.num_anchors}")
+                       f"{cfg.row_len} tokens, got {o.num_anchors}")
 
   def starts(self, cfg, key, batch: int, length: int):
     """A random subset of `num_anchors` starts per row (None: every start)."""
-    if not cfg.num_anchors:
+    num = cfg.family.num_anchors
+    if not num:
       return None
     if key is None:
       raise ValueError("random anchors (num_anchors) are drawn from the step's key: the batch "
                        "needs one ('key')")
-    return sample_starts(key, batch, length, cfg.num_anchors)
+    return sample_starts(key, batch, length, num)
 
   def depth_logits(self, net, params, x, num_steps, *, train=False):
     """logits[s, b, n] for the token at starts[b, n] + s + 2: block position s + 1 of the block

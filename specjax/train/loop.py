@@ -109,16 +109,21 @@ def check_outputs(workdir: str, export_dir: str | None, overwrite_shipped: bool,
                      "checkpoints: export beside them (the default is <workdir>/export)")
 
 
-def check_run_config(workdir: str, cfg: Any) -> None:
+def check_run_config(workdir: str, cfg: Any, *,
+                     recorded_as: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+                     ) -> None:
   """Records the settings a run starts with (`cfg`, a trainer's config dataclass, less
   NOT_RUN_SETTINGS) in `workdir`, and refuses to resume a run that was started with other ones:
   its checkpoints would continue under another schedule or data, and the result would match
-  neither run."""
+  neither run. `recorded_as`: the trainer's reading of settings recorded in an older form (a
+  run started by an older version resumes), applied before the comparison."""
   settings = {k: v for k, v in to_dict(cfg).items() if k not in NOT_RUN_SETTINGS}
   path = os.path.join(workdir, RUN_CONFIG)
   if os.path.isfile(path):
     with open(path) as f:
       recorded = json.load(f)
+    if recorded_as is not None and isinstance(recorded, dict):
+      recorded = recorded_as(recorded)
     if set(recorded) != set(settings):  # another trainer's run (a target LM's, say)
       theirs = sorted(set(recorded) - set(settings))[:6]
       raise ValueError(f"{workdir} holds a run of another trainer: its settings have fields "

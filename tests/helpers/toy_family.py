@@ -74,7 +74,7 @@ class ToyFamily(learned.Family):
   module = ToyNet
   config_cls = ToyConfig
 
-  def make_config(self, target_cfg, *, draft_vocab_size, num_features, **_):
+  def make_config(self, target_cfg, *, draft_vocab_size, num_features, options=None):
     return ToyConfig(target_cfg.hidden_size)
 
   def depth_logits(self, net, params, x, num_steps, *, train=False):
