@@ -46,6 +46,7 @@ from typing import Annotated, Any, Literal
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import struct
 from tqdm.auto import tqdm
 
 from specjax import assets, config_utils, decoding, files, provenance, sharding
@@ -182,9 +183,33 @@ class _Setup:
   hidden_layers: tuple[int, ...]
 
 
-def _target_view(setup: _Setup, frozen, tokens):
+@struct.dataclass
+class Frozen:
+  """What every step reads and none trains: the target and the pieces of it the drafter reads.
+  They travel with each batch as jit arguments, not as compile-time constants of the step."""
+
+  target: Any  # nnx.State: the target's params
+  d2t: jax.Array  # int32[Vd] the target id of each draft id
+  emb: jax.Array  # [V, E] the target's input embeddings, as its first layer reads them
+  head: jax.Array | None  # [E, Vd] the target's LM head over the draft vocabulary, for families
+  #                         that draft through it (`Family.uses_target_head`), else None
+
+
+@struct.dataclass
+class DrafterBatch:
+  """One step's batch (a pytree: the loop shards it as `train_drafter` lays it out, the rows
+  split over `data`, the frozen pieces as they lie, the key replicated)."""
+
+  frozen: Frozen
+  tokens: jax.Array  # int32[B, T] token rows
+  # The step's PRNG key (feature noise, a family's random starts), a function of the step so a
+  # resumed run draws the same; None (evaluation, a caller's batch): no noise, every start.
+  key: jax.Array | None = None
+
+
+def _target_view(setup: _Setup, frozen: Frozen, tokens):
   """Frozen target features [B, T, F], full logits [B, T, V] (no gradient flows into them)."""
-  out = decoder.full_forward(setup.target_cfg, frozen["target"], tokens,
+  out = decoder.full_forward(setup.target_cfg, frozen.target, tokens,
                              hidden_layers=setup.hidden_layers)
   feats = learned.concat_features(out.hidden)
   return jax.lax.stop_gradient(feats), jax.lax.stop_gradient(out.logits.astype(jnp.float32))
@@ -196,10 +221,10 @@ def _at(x: jax.Array, index: jax.Array) -> jax.Array:
   return jnp.take_along_axis(x, index.reshape(index.shape + (1,) * (x.ndim - 2)), axis=1)
 
 
-def drafter_loss(setup: _Setup, cfg: DrafterTrainConfig, params, batch):
-  frozen, tokens = batch["frozen"], batch["tokens"]
+def drafter_loss(setup: _Setup, cfg: DrafterTrainConfig, params, batch: DrafterBatch):
+  frozen, tokens, key = batch.frozen, batch.tokens, batch.key
   feats, logits = _target_view(setup, frozen, tokens)
-  d2t = frozen["d2t"]
+  d2t = frozen.d2t
   restricted = jnp.take(logits, d2t, axis=-1)
   if cfg.hard_targets:  # the target's greedy token (scored only where the draft vocab has it)
     p = jax.nn.one_hot(jnp.argmax(restricted, -1), d2t.shape[0], dtype=restricted.dtype)
@@ -210,11 +235,10 @@ def drafter_loss(setup: _Setup, cfg: DrafterTrainConfig, params, batch):
   steps = cfg.train_steps
   inputs, noise = feats, cfg.family.noise
   if noise:
-    inputs = feats + jax.random.uniform(batch["key"], feats.shape, feats.dtype, -noise, noise)
+    inputs = feats + jax.random.uniform(key, feats.shape, feats.dtype, -noise, noise)
   b, t = tokens.shape
-  key = batch.get("key")  # the step's key (absent from a caller's batch: then no anchors)
   starts = setup.family.starts(cfg, None if key is None else jax.random.fold_in(key, 1), b, t)
-  x = learned.DepthInputs(inputs, feats, tokens, frozen["emb"], frozen["head"], starts)
+  x = learned.DepthInputs(inputs, feats, tokens, frozen.emb, frozen.head, starts)
   draft, aux = setup.family.depth_logits(setup.net, params, x, steps, train=True)
   if starts is None:
     starts = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
@@ -253,26 +277,26 @@ def match_counts(hits: list[jax.Array]) -> jax.Array:
   return jnp.stack(out)
 
 
-def agreement(setup: _Setup, depth: int, params, batch) -> jax.Array:
+def agreement(setup: _Setup, depth: int, params, batch: DrafterBatch) -> jax.Array:
   """`match_counts` of the drafter's top-1 against the target's on a batch of rows."""
-  frozen, tokens = batch["frozen"], batch["tokens"]
+  frozen, tokens = batch.frozen, batch.tokens
   feats, logits = _target_view(setup, frozen, tokens)
-  x = learned.DepthInputs(feats, feats, tokens, frozen["emb"], frozen["head"])
+  x = learned.DepthInputs(feats, feats, tokens, frozen.emb, frozen.head)
   draft, _ = setup.family.depth_logits(setup.net, params, x, depth)
   t = tokens.shape[1]
   want = jnp.argmax(logits, -1)
   return match_counts([
-      jnp.take(frozen["d2t"], jnp.argmax(draft[s, :, :t - s - 1], -1)) == want[:, s + 1:]
+      jnp.take(frozen.d2t, jnp.argmax(draft[s, :, :t - s - 1], -1)) == want[:, s + 1:]
       for s in range(depth)])
 
 
-def make_evaluator(setup: _Setup, cfg: DrafterTrainConfig, frozen, rows: np.ndarray):
+def make_evaluator(setup: _Setup, cfg: DrafterTrainConfig, frozen: Frozen, rows: np.ndarray):
   depth = cfg.eval_depth
   score = jax.jit(lambda p, b: agreement(setup, depth, p, b))
   batches = [rows[i:i + cfg.batch_size] for i in range(0, len(rows), cfg.batch_size)]
 
   def evaluate(params) -> dict[str, float]:
-    counts = sum(np.asarray(score(params, {"frozen": frozen, "tokens": jnp.asarray(b)}))
+    counts = sum(np.asarray(score(params, DrafterBatch(frozen, jnp.asarray(b))))
                  for b in batches)
     out = {f"agree_{d + 1}": float(counts[d, 0] / counts[d, 1]) for d in range(depth)}
     # Tau of a depth-`depth` chain judged on held-out text: 1 + sum_d P(depths 1..d all match).
@@ -412,21 +436,20 @@ def train_drafter(cfg: DrafterTrainConfig, *, stop_after: int | None = None,
   d2t = learned.draft_vocab_from_counts(counts, cfg.draft_vocab_size) if start is None else (
       np.asarray(start.d2t))
   setup = _Setup(fam, net, target.config, layers)
-  frozen = {
-      "target": target.params, "d2t": jnp.asarray(d2t),
-      "emb": learned.input_embeddings(target.config, target.params),
-      "head": learned.restricted_head(target.config, target.params, d2t)
-      if fam.uses_target_head else None,
-  }
+  frozen = Frozen(target=target.params, d2t=jnp.asarray(d2t),
+                  emb=learned.input_embeddings(target.config, target.params),
+                  head=learned.restricted_head(target.config, target.params, d2t)
+                  if fam.uses_target_head else None)
   params = fam.init_params(net, target, d2t, cfg.seed) if start is None else start.params
   param_shardings = batch_shardings = None
   if mesh is not None:
-    frozen_shardings = {"target": sharding.param_shardings(target.config, target.params, mesh),
-                        **sharding.drafter_shardings({k: v for k, v in frozen.items()
-                                                      if k != "target"}, target.config, mesh)}
+    # The target as `Target.on_mesh` lays it; its pieces as a drafter's leaves of those names.
+    pieces = sharding.drafter_shardings(frozen.replace(target=None), target.config, mesh)
+    frozen_shardings = pieces.replace(
+        target=sharding.param_shardings(target.config, target.params, mesh))
     frozen = sharding.place(frozen, frozen_shardings)
-    batch_shardings = {"frozen": frozen_shardings, "tokens": sharding.batch_sharding(mesh),
-                       "key": sharding.replicated(mesh)}
+    batch_shardings = DrafterBatch(frozen_shardings, sharding.batch_sharding(mesh),
+                                   sharding.replicated(mesh))
     param_shardings = sharding.drafter_shardings(params, target.config, mesh)
   batches = pipeline.TrainBatches(train_rows, cfg.batch_size, cfg.seed)
 
@@ -434,8 +457,8 @@ def train_drafter(cfg: DrafterTrainConfig, *, stop_after: int | None = None,
     for step, b in enumerate(batches.iterate(start), start):
       # The frozen arrays travel with each batch: jit arguments, not compile-time constants.
       # The key is a function of the step, so a resumed run draws the same noise.
-      yield {"frozen": frozen, "tokens": np.concatenate([b["inputs"], b["targets"][:, -1:]], 1),
-             "key": jax.random.fold_in(jax.random.key(cfg.seed), step)}
+      yield DrafterBatch(frozen, np.concatenate([b.inputs, b.targets[:, -1:]], 1),
+                         jax.random.fold_in(jax.random.key(cfg.seed), step))
 
   loop_cfg = loop.LoopConfig(total_steps=cfg.optim.total_steps, log_every=cfg.log_every,
                              eval_every=cfg.eval_every, save_every=cfg.save_every,
@@ -544,8 +567,8 @@ def heldout_scores(path: str | os.PathLike, target: Target, **changes) -> dict[s
   drafter = io.load_drafter(path, target)  # carries its net, params, taps and head
   setup = _Setup(registry.family(cfg.method), drafter.net, target.config,
                  drafter.hidden_layers)
-  frozen = {"target": target.params, "d2t": drafter.d2t, "head": drafter.head,
-            "emb": learned.input_embeddings(target.config, target.params)}
+  frozen = Frozen(target=target.params, d2t=drafter.d2t, head=drafter.head,
+                  emb=learned.input_embeddings(target.config, target.params))
   rows = _heldout(cfg, _corpus_stream(cfg, target, "heldout"))
   return make_evaluator(setup, cfg, frozen, rows)(drafter.params)
 

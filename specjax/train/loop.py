@@ -35,7 +35,9 @@ from specjax import sharding
 from specjax.config_utils import flatten, to_dict
 from specjax.train.checkpoint import Checkpointer
 
-LossFn = Callable[[Any, dict[str, jax.Array]], tuple[jax.Array, dict[str, jax.Array]]]
+# (params, batch) -> (loss, metrics). A batch is any pytree of arrays, in the trainers a
+# `flax.struct` dataclass of typed fields (`pipeline.LMBatch`, the drafter trainer's batch).
+LossFn = Callable[[Any, Any], tuple[jax.Array, dict[str, jax.Array]]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -340,7 +342,7 @@ def _check_batch(batch: Any, batch_shardings: Any, mesh: Mesh) -> None:
 
 
 def train(loss_fn: LossFn, params: Any, tx: optax.GradientTransformation,
-          batches: Callable[[int], Iterator[dict[str, np.ndarray]]], cfg: LoopConfig, *,
+          batches: Callable[[int], Iterator[Any]], cfg: LoopConfig, *,
           workdir: str | None = None, evaluate: Callable[[Any], dict[str, float]] | None = None,
           stop_after: int | None = None, progress: bool = True, desc: str = "train",
           mesh: Mesh | None = None, param_shardings: Any = None,

@@ -609,10 +609,11 @@ def test_trainer_scores_exactly_the_drawn_anchors(target):
   b, t, steps = 2, 16, 7
   setup = train_drafter._Setup(dflash.FAMILY, drafter.net, target.config, drafter.hidden_layers)
   emb = learned.target_embedding(target.config, target.params)
-  frozen = {"target": target.params, "d2t": drafter.d2t, "emb": emb, "head": drafter.head}
+  frozen = train_drafter.Frozen(target=target.params, d2t=drafter.d2t, emb=emb,
+                                head=drafter.head)
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, V, (b, t)), jnp.int32)
   key = jax.random.key(11)
-  batch = {"frozen": frozen, "tokens": tokens, "key": key}
+  batch = train_drafter.DrafterBatch(frozen, tokens, key)
 
   def loss(num_anchors):
     cfg = load_config("configs/dflash_stdlib.py", [f"family.num_anchors={num_anchors}"])

@@ -283,8 +283,8 @@ def test_chain_loss_scores_depths_only_along_agreeing_chains(target):
   v, t, steps = target.config.vocab_size, 10, 3
   tokens = jnp.asarray(np.random.default_rng(0).integers(1, v, (1, t)), jnp.int32)
   d2t = jnp.arange(v, dtype=jnp.int32)
-  frozen = {"target": target.params, "d2t": d2t, "head": None,
-            "emb": learned.target_embedding(target.config, target.params)}
+  frozen = D.Frozen(target=target.params, d2t=d2t, head=None,
+                    emb=learned.target_embedding(target.config, target.params))
   logits = np.asarray(D._target_view(setup, frozen, tokens)[1][0])
   want = logits.argmax(-1)
   hits = np.random.default_rng(1).random((steps, t)) < 0.6
@@ -292,7 +292,7 @@ def test_chain_loss_scores_depths_only_along_agreeing_chains(target):
   for s in range(steps):
     for i in range(t - s - 1):  # depth s + 1 from start i drafts the token at i + s + 2
       draft[s, 0, i, want[i + s + 1] if hits[s, i] else (want[i + s + 1] + 1) % v] = 4.0
-  batch = {"frozen": frozen, "tokens": tokens}
+  batch = D.DrafterBatch(frozen, tokens)
   cfg = load_config("configs/eagle3_stdlib.py", ["train_steps=3", "chain_loss=true"])
   _, metrics = D.drafter_loss(setup, cfg, jnp.asarray(draft), batch)
   p = np.exp(logits - logits.max(-1, keepdims=True))
