@@ -283,7 +283,9 @@ class DFlashState:
 class DFlashDrafter(learned.LearnedDrafter):
   """One block forward per round, its marginals made a tree (chain: top_k 1, depth nodes)."""
 
-  net: DFlashConfig = struct.field(pytree_node=False, default=None)
+  # Required (by keyword: the base's fields with defaults come first): the network's config;
+  # `_network()` merges it with the params into the DFlashNet that runs (`network`).
+  net: DFlashConfig = struct.field(pytree_node=False, kw_only=True)
   depth: int = struct.field(pytree_node=False, default=7)
   top_k: int = struct.field(pytree_node=False, default=1)
   total_tokens: int = struct.field(pytree_node=False, default=7)
@@ -303,15 +305,15 @@ class DFlashDrafter(learned.LearnedDrafter):
   def _longest_path(self) -> int:
     return min(self.depth, self.total_tokens)
 
-  def _net(self) -> DFlashNet:
+  def _network(self) -> DFlashNet:
     return learned.merge(DFlashNet, self.net, self.params)
 
-  def _write_context(self, net: DFlashNet, cache: KVCache, feats, positions
+  def _write_context(self, network: DFlashNet, cache: KVCache, feats, positions
                      ) -> tuple[KVCache, jax.Array]:
     """Writes the context keys/values of feats [B, T, F] at slots [length, length + T);
     returns the cache and the fused context [B, T, E]."""
-    ctx = net.context(feats.astype(self.head_dtype))
-    for i, (k, v) in enumerate(net.context_kv(ctx, positions)):
+    ctx = network.context(feats.astype(self.head_dtype))
+    for i, (k, v) in enumerate(network.context_kv(ctx, positions)):
       cache = cache.write(i, k, v)
     return cache, ctx
 
@@ -328,15 +330,15 @@ class DFlashDrafter(learned.LearnedDrafter):
     cache = KVCache.init(m.num_layers, b, slots, m.num_kv_heads, m.head_dim, self.head_dtype)
     feats = learned.concat_features(prefill.hidden)  # [B, P, F]: the whole prompt is context
     positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
-    net = self._net()
-    cache, ctx = self._write_context(net, cache, feats, positions)
+    network = self._network()
+    cache, ctx = self._write_context(network, cache, feats, positions)
     length = prefill.hist_len - 1
     lifted = None if not self.net.correction_rank else jnp.einsum(
-        "RE,EV->RV", net.correction.up.kernel[...], self.head,
+        "RE,EV->RV", network.correction.up.kernel[...], self.head,
         preferred_element_type=jnp.float32)
     return DFlashState(cache.replace(length=length), self._last(ctx, length - 1), lifted)
 
-  def _block(self, net: DFlashNet, target: TargetView, state: DFlashState, ctx: DraftContext):
+  def _block(self, network: DFlashNet, target: TargetView, state: DFlashState, ctx: DraftContext):
     """[B, depth, E] the block's outputs at depths 1..depth (the head's input)."""
     cfg = target.config
     size = self.net.block_size
@@ -344,14 +346,14 @@ class DFlashDrafter(learned.LearnedDrafter):
     start = ctx.hist_len - 1  # the pending token's position: the anchor
     first = learned.embed(cfg, target.params, ctx.pending).astype(self.head_dtype)[:, None]
     mask_id = self.net.mask_token_id  # `mask_row`, gathering the one row rather than the table
-    mask = net.mask_embedding[...] if mask_id is None else learned.embed(
+    mask = network.mask_embedding[...] if mask_id is None else learned.embed(
         cfg, target.params, jnp.asarray(mask_id))
     last = None if state.last is None else state.last[:, None]
-    x = net.embed_blocks(first, mask, size, last)
+    x = network.embed_blocks(first, mask, size, last)
     positions = (start[:, None] + jnp.arange(size)[None, :]).astype(jnp.int32)[:, None]
     ctx_mask = (jnp.arange(cache.max_len)[None, :] < cache.length[:, None])[:, None]
     ctx_kv = [(cache.k[i], cache.v[i]) for i in range(self.net.model.num_layers)]
-    return net(x, positions, ctx_kv, ctx_mask)[:, 0, 1:self.depth + 1]
+    return network(x, positions, ctx_kv, ctx_mask)[:, 0, 1:self.depth + 1]
 
   @jax.named_scope("lm_head")
   def _head(self, h: jax.Array, recent: learned.RecentVocab | None) -> jax.Array:
@@ -363,16 +365,16 @@ class DFlashDrafter(learned.LearnedDrafter):
     """(float32[B, depth, Vd (+ recent)] draft logits of depths 1..depth, the round's recent
     ids). Without a correction these are the block's marginals; with one, depth d is
     conditioned on prev[:, d - 1] (int32[B, depth] target ids; prev[:, 0] is `pending`)."""
-    net = self._net()
-    h = self._block(net, target, state, ctx)
+    network = self._network()
+    h = self._block(network, target, state, ctx)
     if self.net.correction_rank:
       if prev is None:
         raise ValueError("a corrected DFlash's depth d reads the token at d - 1: pass prev")
-      h = net.correction(h, learned.embed(target.config, target.params, prev))
+      h = network.correction(h, learned.embed(target.config, target.params, prev))
     recent = self.recent_vocab(target, ctx)
     return self._head(h, recent), recent
 
-  def _corrected(self, net: DFlashNet, target: TargetView, state: DFlashState, h: jax.Array,
+  def _corrected(self, network: DFlashNet, target: TargetView, state: DFlashState, h: jax.Array,
                  recent: learned.RecentVocab | None):
     """`corrected(level, tokens)`: float32[B, k, Vd (+ R)] draft log-probabilities at depth
     level + 1 conditioned on tokens int32[B, k] (target ids) above it, from the block's
@@ -385,12 +387,12 @@ class DFlashDrafter(learned.LearnedDrafter):
     cfg = target.config
     base = self._head(h, recent)  # [B, depth, Vd (+ R)]
     lifted_recent = None if recent is None else jnp.einsum(
-        "RE,BNE->BRN", net.correction.up.kernel[...], recent.cols,
+        "RE,BNE->BRN", network.correction.up.kernel[...], recent.cols,
         preferred_element_type=jnp.float32)
 
     def corrected(level, tokens):
       hk = jnp.broadcast_to(h[:, level, None], tokens.shape + h.shape[-1:])
-      codes = net.correction.codes(hk, learned.embed(cfg, target.params, tokens))
+      codes = network.correction.codes(hk, learned.embed(cfg, target.params, tokens))
       with jax.named_scope("lm_head"):
         delta = jnp.einsum("BKR,RV->BKV", codes, state.lifted_up,
                            preferred_element_type=jnp.float32)
@@ -402,14 +404,14 @@ class DFlashDrafter(learned.LearnedDrafter):
     return corrected
 
   def draft(self, target: TargetView, state: DFlashState, ctx: DraftContext):
-    net = self._net()
-    h = self._block(net, target, state, ctx)
+    network = self._network()
+    h = self._block(network, target, state, ctx)
     recent = self.recent_vocab(target, ctx)
     if not self.net.correction_rank:  # one marginal per depth: DDTree's best-first tree
       grown = trees.tree_from_marginals(learned.draft_logprobs(self._head(h, recent)),
                                         num_nodes=self.total_tokens, top_k=self.top_k)
     else:  # each frontier node's children conditioned on its own token
-      corrected = self._corrected(net, target, state, h, recent)
+      corrected = self._corrected(network, target, state, h, recent)
 
       def expand(carry, tokens, parent, level):
         return corrected(level, self.to_target_ids(tokens, recent)), carry
@@ -427,7 +429,7 @@ class DFlashDrafter(learned.LearnedDrafter):
     feats = jnp.take_along_axis(feats, acc.path[:, :rows, None], axis=1)
     c = state.cache.length
     positions = (c[:, None] + jnp.arange(rows)[None, :]).astype(jnp.int32)
-    cache, ctx = self._write_context(self._net(), state.cache, feats, positions)
+    cache, ctx = self._write_context(self._network(), state.cache, feats, positions)
     last = self._last(ctx, acc.n_accepted)  # the last accepted row: the next anchor's previous
     if last is not None:
       last = jnp.where(result.live[:, None], last, state.last)
@@ -445,7 +447,7 @@ def sample_starts(key: jax.Array, batch: int, length: int, num: int) -> jax.Arra
   return jnp.sort(jnp.argsort(u, axis=1)[:, :num], axis=1).astype(jnp.int32)
 
 
-def training_logits(net: DFlashNet, cfg: DFlashConfig, feats, tokens, emb_table, head, starts,
+def training_logits(network: DFlashNet, net: DFlashConfig, feats, tokens, emb_table, head, starts,
                     num_steps: int):
   """float32[num_steps, B, N, Vd]: logits[s, b, n] for the token at starts[b, n] + s + 2.
 
@@ -454,23 +456,23 @@ def training_logits(net: DFlashNet, cfg: DFlashConfig, feats, tokens, emb_table,
   at a round whose pending token sits at a. Anchors past the row's end read its last token
   (their targets lie past the end too and are never scored)."""
   b, t = tokens.shape
-  size = cfg.block_size
+  size = net.block_size
   positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-  ctx = net.context(feats)
-  ctx_kv = net.context_kv(ctx, positions)
+  ctx = network.context(feats)
+  ctx_kv = network.context_kv(ctx, positions)
   anchor = jnp.minimum(starts + 1, t - 1)
   first = jnp.take(emb_table, jnp.take_along_axis(tokens, anchor, axis=1), axis=0)
   anchor_ctx = (jnp.take_along_axis(ctx, starts[:, :, None], axis=1)  # position t = a - 1
-                if cfg.anchor_feature else None)
-  x = net.embed_blocks(first.astype(feats.dtype), net.mask_row(emb_table, cfg.mask_token_id),
-                       size, anchor_ctx)
+                if net.anchor_feature else None)
+  x = network.embed_blocks(first.astype(feats.dtype),
+                           network.mask_row(emb_table, net.mask_token_id), size, anchor_ctx)
   block_pos = (starts + 1)[:, :, None] + jnp.arange(size)[None, None, :]
   ctx_mask = jnp.arange(t)[None, None, :] <= starts[:, :, None]  # strict: before the anchor
-  h = net(x, block_pos.astype(jnp.int32), ctx_kv, ctx_mask)[:, :, 1:num_steps + 1]
-  if cfg.correction_rank:  # depth k reads the true token at k - 1 (teacher forcing)
+  h = network(x, block_pos.astype(jnp.int32), ctx_kv, ctx_mask)[:, :, 1:num_steps + 1]
+  if net.correction_rank:  # depth k reads the true token at k - 1 (teacher forcing)
     above = jnp.minimum(starts[:, :, None] + 1 + jnp.arange(num_steps)[None, None, :], t - 1)
     prev = jnp.take_along_axis(tokens, above.reshape(b, -1), axis=1).reshape(above.shape)
-    h = net.correction(h, jnp.take(emb_table, prev, axis=0))
+    h = network.correction(h, jnp.take(emb_table, prev, axis=0))
   logits = jnp.einsum("BNPE,EV->PBNV", h, head, preferred_element_type=jnp.float32)
   return logits
 
@@ -536,8 +538,8 @@ class DFlashFamily(learned.Family):
     b, t = x.tokens.shape
     starts = x.starts if x.starts is not None else jnp.broadcast_to(
         jnp.arange(t, dtype=jnp.int32), (b, t))
-    module = learned.merge(DFlashNet, net, params)
-    return training_logits(module, net, x.feats, x.tokens, x.emb, x.head, starts,
+    network = learned.merge(DFlashNet, net, params)
+    return training_logits(network, net, x.feats, x.tokens, x.emb, x.head, starts,
                            num_steps), jnp.zeros((), jnp.float32)
 
   def assemble(self, net, params, d2t, target, hidden_layers, *, depth: int | None = None,

@@ -93,8 +93,8 @@ class EagleFamily(eagle_common.EagleFamily):
     """logits[s] for the token at t + s + 2, unrolled on the drafter's own outputs; in
     training also EAGLE's feature regression of the step-0 output h_t onto the clean target
     feature f_{t+1} (smooth L1, averaged over positions and feature dimensions)."""
-    module = learned.merge(EagleNet, net, params)
-    logits, outs = eagle_common.unroll(module, x.feats, x.tokens, x.emb, x.head, num_steps)
+    network = learned.merge(EagleNet, net, params)
+    logits, outs = eagle_common.unroll(network, x.feats, x.tokens, x.emb, x.head, num_steps)
     if not train:
       return logits, jnp.zeros((), jnp.float32)
     err = (outs[0][:, :-1] - x.clean[:, 1:]).astype(jnp.float32)

@@ -131,8 +131,8 @@ class Eagle3Family(eagle_common.EagleFamily):
 
   def depth_logits(self, net, params, x, num_steps, *, train=False):
     """logits[s] for the token at t + s + 2 from the training-time-test unroll."""
-    module = learned.merge(Eagle3Net, net, params)
-    logits, _ = eagle_common.unroll(module, x.feats, x.tokens, x.emb, None, num_steps)
+    network = learned.merge(Eagle3Net, net, params)
+    logits, _ = eagle_common.unroll(network, x.feats, x.tokens, x.emb, None, num_steps)
     return logits, jnp.zeros((), jnp.float32)
 
 

@@ -64,8 +64,10 @@ def last_feature_after_round(state: HeadState, result: RoundResult) -> HeadState
 class StaticTreeDrafter(learned.LearnedDrafter):
   """Heads on the last committed hidden state filling a static template (Medusa, Hydra)."""
 
-  net: object = struct.field(pytree_node=False, default=None)
-  template: trees.TreeTemplate = struct.field(pytree_node=False, default=None)
+  # Required (by keyword: the base's fields with defaults come first): the heads' network config
+  # and the tree they fill.
+  net: object = struct.field(pytree_node=False, kw_only=True)
+  template: trees.TreeTemplate = struct.field(pytree_node=False, kw_only=True)
   hidden_layers: tuple[int, ...] = struct.field(pytree_node=False, default=())
   sampled: bool = struct.field(pytree_node=False, default=False)  # top-k children: one-hot q
 

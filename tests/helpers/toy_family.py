@@ -42,7 +42,7 @@ class ToyNet(nnx.Module):
 
 @struct.dataclass
 class ToyChain(learned.LearnedDrafter):
-  net: ToyConfig = struct.field(pytree_node=False, default=None)
+  net: ToyConfig = struct.field(pytree_node=False, kw_only=True)  # required, by keyword
   num_tokens: int = struct.field(pytree_node=False, default=3)
   hidden_layers: tuple[int, ...] = struct.field(pytree_node=False, default=())
   sampled: bool = struct.field(pytree_node=False, default=False)  # argmax children: one-hot q
