@@ -290,7 +290,6 @@ class DFlashDrafter(learned.LearnedDrafter):
   top_k: int = struct.field(pytree_node=False, default=1)
   total_tokens: int = struct.field(pytree_node=False, default=7)
   hidden_layers: tuple[int, ...] = struct.field(pytree_node=False, default=())
-  sampled: bool = struct.field(pytree_node=False, default=False)  # top-ranked children
 
   @property
   def num_nodes(self) -> int:

@@ -144,7 +144,6 @@ class EagleDrafter(learned.LearnedDrafter):
   top_k: int = struct.field(pytree_node=False, default=4)
   total_tokens: int = struct.field(pytree_node=False, default=16)
   hidden_layers: tuple[int, ...] = struct.field(pytree_node=False, default=())
-  sampled: bool = struct.field(pytree_node=False, default=False)  # top-k children: one-hot q
 
   @property
   def num_nodes(self) -> int:

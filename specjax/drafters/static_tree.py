@@ -69,7 +69,6 @@ class StaticTreeDrafter(learned.LearnedDrafter):
   net: object = struct.field(pytree_node=False, kw_only=True)
   template: trees.TreeTemplate = struct.field(pytree_node=False, kw_only=True)
   hidden_layers: tuple[int, ...] = struct.field(pytree_node=False, default=())
-  sampled: bool = struct.field(pytree_node=False, default=False)  # top-k children: one-hot q
 
   @property
   def num_nodes(self) -> int:

@@ -45,7 +45,6 @@ class ToyChain(learned.LearnedDrafter):
   net: ToyConfig = struct.field(pytree_node=False, kw_only=True)  # required, by keyword
   num_tokens: int = struct.field(pytree_node=False, default=3)
   hidden_layers: tuple[int, ...] = struct.field(pytree_node=False, default=())
-  sampled: bool = struct.field(pytree_node=False, default=False)  # argmax children: one-hot q
 
   @property
   def num_nodes(self) -> int:
