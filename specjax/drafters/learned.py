@@ -318,9 +318,9 @@ class TapOptions(FamilyOptions):
   target_layers: tuple[NonNegInt, ...] | None = None
 
   def __post_init__(self):
-    layers = self.target_layers
-    if layers is not None and (not layers or len(set(layers)) != len(layers)):
-      raise ValueError(f"target_layers must be distinct layer ids, got {layers}")
+    taps = self.target_layers
+    if taps is not None and (not taps or len(set(taps)) != len(taps)):
+      raise ValueError(f"target_layers must be distinct layer ids, got {taps}")
 
   @property
   def taps(self) -> tuple[int, ...] | None:

@@ -147,7 +147,6 @@ class DrafterTrainConfig:
         self.source == "self_distill") else self.seq_len
 
 
-
 def family_options(fam: learned.Family, given: learned.FamilyOptions | None
                    ) -> learned.FamilyOptions:
   """`given` as `fam`'s options: its defaults for None; options of another family (a config
@@ -156,9 +155,6 @@ def family_options(fam: learned.Family, given: learned.FamilyOptions | None
   cls = fam.options_cls
   if given is None or type(given) is cls:
     return cls() if given is None else given
-  if not isinstance(given, learned.FamilyOptions):
-    raise ValueError(f"family must be {fam.name}'s options ({cls.__name__}), got "
-                     f"{type(given).__name__}")
   default = type(given)()
   changed = {f.name: getattr(given, f.name) for f in dataclasses.fields(given)
              if getattr(given, f.name) != getattr(default, f.name)}

@@ -18,7 +18,7 @@ import pytest
 
 import specjax
 from specjax import assets
-from specjax.config_utils import load_config
+from specjax.config_utils import load_config, to_dict
 from specjax.drafters import eagle3, learned
 from specjax.train.drafter import heldout_scores, match_counts, train_drafter
 from tests.helpers.corpora import stdlib_source_dir
@@ -383,3 +383,22 @@ def test_fine_tuning_starts_from_a_drafter_folder(source_dir, target, tmp_path):
     train_drafter(_config("eagle3", source_dir, tmp_path / "bad_taps", "source=corpus",
                           f"init_from={folder}", "family.target_layers=1,3,5"), progress=False,
                   target=target)
+
+
+def test_configs_recorded_in_the_flat_form_are_read(tmp_path):
+  """Settings recorded before a family's options were its `family` group (every family's options
+  beside the other fields) are read in the current form: such a workdir resumes with the same
+  settings and refuses others by name, and such metadata rebuilds the run's config."""
+  from specjax.train import drafter as D
+  from specjax.train import loop
+  cfg = load_config("configs/dflash_stdlib.py", [f"workdir={tmp_path}"])
+  record = to_dict(cfg)
+  flat = {k: v for k, v in record.items() if k != "family"} | record["family"] | {
+      "num_heads": 4, "regression_weight": 1.0, "feature_noise": 0.0, "frozen_head": False}
+  assert D.config_from_metadata(flat) == cfg
+  with open(tmp_path / loop.RUN_CONFIG, "w") as f:
+    json.dump({k: v for k, v in flat.items() if k not in loop.NOT_RUN_SETTINGS}, f)
+  loop.check_run_config(os.fspath(tmp_path), cfg, recorded_as=D.recorded_form)
+  other = dataclasses.replace(cfg, family=dataclasses.replace(cfg.family, num_anchors=32))
+  with pytest.raises(ValueError, match=r"family\.num_anchors: 64 -> 32"):
+    loop.check_run_config(os.fspath(tmp_path), other, recorded_as=D.recorded_form)
