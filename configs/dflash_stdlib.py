@@ -14,7 +14,7 @@ reference's value for blocks of 8). Exports to runs/dflash_stdlib/export.
 import dataclasses
 
 from configs.drafter_common import drafter_config
-from specjax.drafters.dflash import gamma_decay
+from specjax.drafters.dflash import DFlashOptions, gamma_decay
 
 BLOCK = 8
 GAMMA = 4.0
@@ -23,5 +23,6 @@ GAMMA = 4.0
 def get_config():
   cfg = drafter_config("dflash", train_steps=BLOCK - 1, learning_rate=2e-3, steps=1200,
                        distill_rows=8192, eval_depth=BLOCK - 1)
-  return dataclasses.replace(cfg, block_size=BLOCK, num_layers=2, num_kv_heads=8,
-                             correction_rank=32, num_anchors=64, step_decay=gamma_decay(GAMMA))
+  options = DFlashOptions(block_size=BLOCK, num_layers=2, num_kv_heads=8, correction_rank=32,
+                          num_anchors=64)
+  return dataclasses.replace(cfg, family=options, step_decay=gamma_decay(GAMMA))

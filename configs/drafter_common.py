@@ -22,7 +22,7 @@ def drafter_config(method: str, *, train_steps: int, learning_rate: float,
                         final_lr_ratio=0.1, weight_decay=0.0, clip_norm=0.5),
       source="self_distill", distill_rows=distill_rows, distill_prompt_tokens=64,
       distill_new_tokens=192, distill_temperature=0.0, distill_batch=128,
-      draft_vocab_size=2048, num_heads=4, train_steps=train_steps, step_decay=0.8,
+      draft_vocab_size=2048, train_steps=train_steps, step_decay=0.8,
       eval_depth=eval_depth,
       seq_len=256, batch_size=16, seed=0, log_every=10, eval_every=200, save_every=50,
       eval_rows=64, workdir=f"runs/{method}_stdlib", export_dtype="bfloat16")

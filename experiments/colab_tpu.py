@@ -273,12 +273,12 @@ assert trained_out.tokens == results["autoregressive"].tokens, "the drafter chan
 # ## A drafter of your own
 #
 # A drafter is a pytree with `init`, `draft` and `update` (`specjax/drafters/base.py`), all pure
-# and traced inside the jitted decoding loop, plus static `num_nodes`, `sampled` and
-# `hidden_layers`. This one keeps a state: for each row, the latest position at which each token
-# was followed by another (`last[b, v]`), built from the prompt in `init` and extended with the
-# verified tokens in `update`; `draft` follows it from the pending token for `num_tokens` steps,
-# a chain (a bigram model of the text so far). Its children are chosen deterministically
-# (`sampled = False`), so verification keeps greedy and sampled output exact. Registered with
+# and traced inside the jitted decoding loop, plus static `num_nodes` and `hidden_layers`. This
+# one keeps a state: for each row, the latest position at which each token was followed by
+# another (`last[b, v]`), built from the prompt in `init` and extended with the verified tokens
+# in `update`; `draft` follows it from the pending token for `num_tokens` steps, a chain (a
+# bigram model of the text so far). Its children are chosen deterministically (its trees carry
+# no q), so verification keeps greedy and sampled output exact. Registered with
 # `drafters.register`, it is built like any shipped drafter (and the benchmark would pick it up).
 
 # %%
@@ -293,7 +293,6 @@ from specjax.drafters.base import TargetFacts
 class Bigram:
   num_tokens: int = struct.field(pytree_node=False, default=4)
   vocab_size: int = struct.field(pytree_node=False, default=0)
-  sampled: bool = struct.field(pytree_node=False, default=False)
   hidden_layers: tuple[int, ...] = struct.field(pytree_node=False, default=())
   built_for: TargetFacts | None = struct.field(pytree_node=False, default=None)
 

@@ -2,6 +2,10 @@
 
   python -m experiments.train_drafter --config configs/eagle3_stdlib.py
   python -m experiments.train_drafter --config configs/medusa_stdlib.py --set optim.total_steps=50
+  python -m experiments.train_drafter --config configs/eagle3_stdlib.py --set family.frozen_head=1
+
+A family's own options are its `family` group (`--set family.<option>=...`); `--help` with a
+`--config` lists them, and an option the family does not have is refused, naming its options.
 
 Interrupt it at any time: running the same command again resumes from the last checkpoint in
 the config's workdir and reaches the same parameters as an uninterrupted run.

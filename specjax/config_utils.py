@@ -146,8 +146,8 @@ def explain(e: pydantic.ValidationError, owner: type | str) -> str:
     if err["type"] == "value_error":  # raised by __post_init__: its own message
       lines.append(f"{name}: {err.get('ctx', {}).get('error', err['msg'])}")
     elif err["type"] == "unexpected_keyword_argument":
-      lines.append(f"{name} has no field {loc!r}; fields: "
-                   f"{sorted(hints) if hints else '(see the class)'}")
+      lines.append(_no_field(owner, loc, loc) if not isinstance(owner, str) else
+                   f"{name} has no field {loc!r}; fields: (see the class)")
     elif err["type"] == "missing_argument":
       lines.append(f"{name}.{loc} is required")
     else:
@@ -253,8 +253,7 @@ def _apply(obj: Any, changes: dict[str, Any], prefix: str) -> Any:
   for name, value in changes.items():
     if name not in fields:
       item = value.item if isinstance(value, _Leaf) else _items(value)[0]
-      raise ValueError(f"override {item!r}: {type(obj).__name__} has no field "
-                       f"{prefix + name!r}; fields: {sorted(fields)}")
+      raise ValueError(f"override {item!r}: {_no_field(type(obj), name, prefix + name)}")
     current = getattr(obj, name)
     if isinstance(value, _Leaf) and dataclasses.is_dataclass(current):
       fields_of = sorted(f.name for f in dataclasses.fields(current))
@@ -271,6 +270,17 @@ def _apply(obj: Any, changes: dict[str, Any], prefix: str) -> Any:
     return dataclasses.replace(obj, **updates)
   except ValueError as e:  # the fields disagree with each other (`__post_init__`)
     raise ConfigError(f"override {', '.join(map(repr, _items(changes)))}: {e}") from None
+
+
+def _no_field(cls: type, name: str, shown: str) -> str:
+  """The refusal of a field `name` (`shown` as the override spells it) that config class `cls`
+  lacks: its fields, or the class's own word on it where it has one (`why_no_field(name)`, e.g.
+  a drafter family's options saying which families have that option)."""
+  why = getattr(cls, "why_no_field", None)
+  if callable(why):
+    return why(name)
+  return (f"{cls.__name__} has no field {shown!r}; fields: "
+          f"{sorted(f.name for f in dataclasses.fields(cls))}")
 
 
 def _apply_mapping(current: Mapping[str, Any], changes: dict[str, Any], typ: Any, prefix: str
@@ -540,7 +550,8 @@ def from_dict(cls: type, d: Mapping[str, Any], *, strict: bool = True,
               codecs: Mapping[type, Codec] | None = None, where: str | None = None) -> Any:
   """Rebuilds dataclass `cls` from `to_dict`'s form, by its type hints: nested dataclasses,
   tuples (from lists), Optional fields and `codecs`' types, each field checked as the config
-  checks it. Missing fields take their defaults; unknown keys raise ValueError, or with
+  checks it (a class's `record_types(d)` types the fields whose type depends on the record).
+  Missing fields take their defaults; unknown keys raise ValueError, or with
   `strict=False` are ignored (metadata written by an older or newer version). `where` (the file
   it was read from) prefixes any error."""
   if where is not None:
@@ -560,6 +571,11 @@ def from_dict(cls: type, d: Mapping[str, Any], *, strict: bool = True,
   if missing:
     raise ValueError(f"{name} needs field(s) {missing}")
   hints = typing.get_type_hints(cls)
+  # A field whose type depends on the record (a drafter trainer's `family`, its method's options
+  # class) is typed by the class itself: `record_types(d) -> {field: type}`.
+  typed = getattr(cls, "record_types", None)
+  if callable(typed):
+    hints = {**hints, **typed(d)}
   return cls(**{n: _decode(d[n], hints.get(n, Any), f"{name}.{n}", strict, codecs or {})
                 for n in fields if n in d})
 

@@ -133,9 +133,9 @@ CASES = {
                        r"source must be one of 'corpus' or 'self_distill', got 'web'"),
     "method_unknown": (eagle("method=medusa2"),
                        r"unknown learned drafter method 'medusa2'; known: \['dflash'"),
-    "family_option_of_another_family": (eagle("num_heads=2"),
+    "family_option_of_another_family": (eagle("family.num_heads=2"),
                                         r"num_heads is not an option of eagle \(its options: "),
-    "target_layers_negative": (eagle("target_layers=-1,2"),
+    "target_layers_negative": (override("eagle3_stdlib", "family.target_layers=-1,2"),
                                r"target_layers\[0\] must be an int >= 0, got '-1'"),
     "export_dtype_unknown": (eagle("export_dtype=int4"), r"export_dtype must be one of "
                                                          r"'float32', 'bfloat16' or 'float16'"),
@@ -147,7 +147,7 @@ CASES = {
                              r"2"),
     "distill_rows_zero": (eagle("distill_rows=0"), r"distill_rows must be an int >= 1"),
     "eval_every_zero": (eagle("eval_every=0"), r"eval_every must be an int >= 1"),
-    "feature_noise_negative": (eagle("feature_noise=-0.1"),
+    "feature_noise_negative": (eagle("family.feature_noise=-0.1"),
                                r"feature_noise must be a float >= 0, got '-0\.1'"),
     # -- target LM training ----------------------------------------------------------------------
     "model_layers_zero": (lm("model.num_layers=0"), r"model\.num_layers must be an int >= 1"),
@@ -255,7 +255,7 @@ def test_bad_command_line_exits_2_with_one_line(case, capsys):
                                 "timing_repeats: int >= 1 = 3"]),
     ("train_drafter", ["--config", "configs/eagle_stdlib.py"],
      ["optim.learning_rate: float > 0 = 0.002", "source: 'corpus' | 'self_distill' = "
-      "self_distill"]),
+      "self_distill", "family.regression_weight: float >= 0 = 1.0"]),
     ("train_drafter", [], ["method: str (required)", "optim.learning_rate: float > 0 = 0.003"]),
     ("train_target", ["--set", "seq_len=256"], ["seq_len: int >= 2 = 256",
                                                "model.num_layers: int >= 1 = "]),

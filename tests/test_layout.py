@@ -242,3 +242,25 @@ def test_generic_code_names_no_family(module):
   tree = ast.parse(MODULES[module].read_text())
   named = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and n.value in families}
   assert not named, f"{module} names {sorted(named)}"
+
+
+def test_generic_trainer_names_no_family_option():
+  """The trainer reads a family's options only through `learned.FamilyOptions`' properties and
+  the family's own hooks: no name in its code (variable, attribute, keyword or word of a string)
+  is an option of a registered family, so a new option is a field in its family's file."""
+  import re
+
+  from specjax.drafters import learned, registry
+  options = {name for m in registry.families()
+             for name in learned.option_names(registry.family(m).options_cls)}
+  words = set()
+  for n in ast.walk(ast.parse(MODULES["specjax.train.drafter"].read_text())):
+    if isinstance(n, ast.Name):
+      words.add(n.id)
+    elif isinstance(n, ast.Attribute):
+      words.add(n.attr)
+    elif isinstance(n, ast.keyword) and n.arg:
+      words.add(n.arg)
+    elif isinstance(n, ast.Constant) and isinstance(n.value, str):
+      words.update(re.findall(r"\w+", n.value))
+  assert len(options) >= 10 and not words & options, sorted(words & options)

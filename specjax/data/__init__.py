@@ -8,7 +8,7 @@ Typical use (shape letters: B batch, T tokens):
   stream = data.cached_token_stream(tok, train)                    # int32[n], cached .npy
   packed = data.pack_stream(stream, seq_len=T)                     # int32[num_seqs, T+1]
   for batch in data.make_train_iterator(packed, B, seed=0, start_step=step):
-    ...  # batch['inputs'], batch['targets']: int32[B, T]
+    ...  # batch.inputs, batch.targets: int32[B, T] (an `LMBatch`)
 
 A saved tokenizer is reused as `data.for_corpus(load_tokenizer(path))`
 (`specjax.interop.tokenizer.load_tokenizer`, the one loader; `for_corpus` adds the corpus
@@ -20,6 +20,7 @@ Datasets live in `default_data_dir()` ($SPECJAX_DATA_DIR, else ~/.cache/specjax/
 from specjax.data.docstrings import load_stdlib_docstrings
 from specjax.data.humaneval import load_humaneval
 from specjax.data.pipeline import (
+    LMBatch,
     TrainBatches,
     cached_token_stream,
     corpus_fingerprint,
@@ -50,6 +51,7 @@ __all__ = [
     "for_corpus",
     "heldout_batches",
     "join_documents",
+    "LMBatch",
     "load_humaneval",
     "load_stdlib_code",
     "load_stdlib_docstrings",

@@ -20,13 +20,22 @@ from collections.abc import Iterable, Iterator, Sequence
 import grain
 import numpy as np
 import tokenizers
+from flax import struct
 
 from specjax import files
 from specjax.data import storage
 from specjax.data import tokenizer as tokenizer_lib
 from specjax.interop.tokenizer import tokenizer_fingerprint
 
-Batch = dict[str, np.ndarray]  # {'inputs': int32[B, T], 'targets': int32[B, T]}
+
+@struct.dataclass
+class LMBatch:
+  """One step's rows of causal-LM training (or evaluation): a pytree, so the training loop moves
+  and shards it whole (each field split over the mesh's `data` axis on its batch dimension),
+  and a typed one, so a loss reads `batch.targets` rather than a key it might misspell."""
+
+  inputs: np.ndarray  # int32[B, T]
+  targets: np.ndarray  # int32[B, T]: the token after each input (the rows shifted by one)
 
 
 def tokenize_corpus(
@@ -146,31 +155,31 @@ class TrainBatches:
     """Rows / B; fractional because batches run across epoch boundaries."""
     return self.packed.shape[0] / self.batch_size
 
-  def __getitem__(self, step: int) -> Batch:
+  def __getitem__(self, step: int) -> LMBatch:
     rows = self.packed[self._rows[step]]  # [B, T+1]
-    return {'inputs': rows[:, :-1], 'targets': rows[:, 1:]}
+    return LMBatch(inputs=rows[:, :-1], targets=rows[:, 1:])
 
-  def iterate(self, start_step: int = 0) -> Iterator[Batch]:
+  def iterate(self, start_step: int = 0) -> Iterator[LMBatch]:
     """Batches start_step, start_step + 1, ... forever."""
     step = start_step
     while True:
       yield self[step]
       step += 1
 
-  def __iter__(self) -> Iterator[Batch]:
+  def __iter__(self) -> Iterator[LMBatch]:
     return self.iterate(0)
 
 
 def make_train_iterator(
     tokens_packed: np.ndarray, batch_size: int, seed: int, start_step: int = 0,
-) -> Iterator[Batch]:
-  """Infinite `{'inputs', 'targets'}: int32[B, T]` batches, resuming at `start_step`."""
+) -> Iterator[LMBatch]:
+  """Infinite `LMBatch`es of int32[B, T] rows, resuming at `start_step`."""
   return TrainBatches(tokens_packed, batch_size, seed).iterate(start_step)
 
 
 def heldout_batches(
     tokens_packed: np.ndarray, batch_size: int, drop_remainder: bool = False,
-) -> list[Batch]:
+) -> list[LMBatch]:
   """All rows once, in order, for evaluation; the last batch is smaller unless dropped."""
   packed = np.asarray(tokens_packed, np.int32)
   out = []
@@ -178,5 +187,5 @@ def heldout_batches(
     rows = packed[start:start + batch_size]
     if drop_remainder and rows.shape[0] < batch_size:
       break
-    out.append({'inputs': rows[:, :-1], 'targets': rows[:, 1:]})
+    out.append(LMBatch(inputs=rows[:, :-1], targets=rows[:, 1:]))
   return out

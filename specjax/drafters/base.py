@@ -14,11 +14,12 @@ logits and requested hidden states on the verified block, and the acceptance.
 
 Static attributes every drafter defines:
   num_nodes:     N, the fixed tree size;
-  sampled:       True when node tokens are drawn from a distribution q stored in the tree
-                 (accepted with the q-based rule), False when children are chosen
-                 deterministically (recursive rejection needs only the target's p);
   hidden_layers: target hidden-state indices the drafter reads in `update` (0 = embeddings,
                  i = output of layer i, L = final normed state).
+Whether node tokens were sampled is said by each tree, not by the drafter: `Tree.q`, the
+distribution they were drawn from (accepted with the q-based rule), or None when the children
+were chosen deterministically (recursive rejection needs only the target's p). Verification
+reads only that, so one drafter may draft either way (greedy or sampled) round by round.
 
 Optional (a drafter without them still runs):
   built_for:     the `TargetFacts` of the target it was built for; `generate` refuses another
@@ -96,7 +97,6 @@ class RoundResult:
 
 class Drafter(Protocol):
   num_nodes: int
-  sampled: bool
   hidden_layers: tuple[int, ...]
 
   def init(self, target: TargetView, prefill: Prefill) -> Any:
@@ -182,7 +182,6 @@ class NoDrafter(Stateless):
   """Autoregressive decoding: the empty tree. The baseline shares every line of the loop."""
 
   num_nodes: int = struct.field(pytree_node=False, default=0)
-  sampled: bool = struct.field(pytree_node=False, default=False)
   hidden_layers: tuple[int, ...] = struct.field(pytree_node=False, default=())
 
   def draft(self, target, state, ctx):

@@ -40,13 +40,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Annotated
 
 import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
 from specjax import checks, trees
-from specjax.config_utils import NonNegInt, PosInt, config
+from specjax.config_utils import Ge, NonNegInt, PosInt, config
 from specjax.drafters import io, learned
 from specjax.drafters.base import DraftContext, Prefill, RoundResult, TargetFacts, TargetView
 from specjax.models import layers
@@ -87,6 +88,18 @@ class DFlashConfig:
 
   def with_dtype(self, dtype: str) -> DFlashConfig:
     return dataclasses.replace(self, model=self.model.replace(dtype=dtype, compute_dtype=dtype))
+
+
+@config
+class DFlashOptions(learned.TapOptions):
+  """DFlash's training options: its taps, the draft layers and block, and the anchors."""
+
+  num_layers: PosInt = 1  # draft decoder layers
+  num_kv_heads: NonNegInt = 0  # K/V heads of the draft layers (0: the target's)
+  block_size: Annotated[int, Ge(2)] = 8  # B: the last token and B - 1 masked positions
+  num_anchors: NonNegInt = 0  # the random starts (anchors) a step trains per row (0: all)
+  correction_rank: NonNegInt = 0  # the causal correction's width (0: none)
+  anchor_feature: bool = False  # the context before the anchor into the block's inputs
 
 
 def block_attention(q, k, v, ctx_k, ctx_v, ctx_mask, sm_scale):
@@ -270,12 +283,13 @@ class DFlashState:
 class DFlashDrafter(learned.LearnedDrafter):
   """One block forward per round, its marginals made a tree (chain: top_k 1, depth nodes)."""
 
-  net: DFlashConfig = struct.field(pytree_node=False, default=None)
+  # Required (by keyword: the base's fields with defaults come first): the network's config;
+  # `_network()` merges it with the params into the DFlashNet that runs (`network`).
+  net: DFlashConfig = struct.field(pytree_node=False, kw_only=True)
   depth: int = struct.field(pytree_node=False, default=7)
   top_k: int = struct.field(pytree_node=False, default=1)
   total_tokens: int = struct.field(pytree_node=False, default=7)
   hidden_layers: tuple[int, ...] = struct.field(pytree_node=False, default=())
-  sampled: bool = struct.field(pytree_node=False, default=False)  # top-ranked children
 
   @property
   def num_nodes(self) -> int:
@@ -290,15 +304,15 @@ class DFlashDrafter(learned.LearnedDrafter):
   def _longest_path(self) -> int:
     return min(self.depth, self.total_tokens)
 
-  def _net(self) -> DFlashNet:
+  def _network(self) -> DFlashNet:
     return learned.merge(DFlashNet, self.net, self.params)
 
-  def _write_context(self, net: DFlashNet, cache: KVCache, feats, positions
+  def _write_context(self, network: DFlashNet, cache: KVCache, feats, positions
                      ) -> tuple[KVCache, jax.Array]:
     """Writes the context keys/values of feats [B, T, F] at slots [length, length + T);
     returns the cache and the fused context [B, T, E]."""
-    ctx = net.context(feats.astype(self.head_dtype))
-    for i, (k, v) in enumerate(net.context_kv(ctx, positions)):
+    ctx = network.context(feats.astype(self.head_dtype))
+    for i, (k, v) in enumerate(network.context_kv(ctx, positions)):
       cache = cache.write(i, k, v)
     return cache, ctx
 
@@ -315,15 +329,15 @@ class DFlashDrafter(learned.LearnedDrafter):
     cache = KVCache.init(m.num_layers, b, slots, m.num_kv_heads, m.head_dim, self.head_dtype)
     feats = learned.concat_features(prefill.hidden)  # [B, P, F]: the whole prompt is context
     positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
-    net = self._net()
-    cache, ctx = self._write_context(net, cache, feats, positions)
+    network = self._network()
+    cache, ctx = self._write_context(network, cache, feats, positions)
     length = prefill.hist_len - 1
     lifted = None if not self.net.correction_rank else jnp.einsum(
-        "RE,EV->RV", net.correction.up.kernel[...], self.head,
+        "RE,EV->RV", network.correction.up.kernel[...], self.head,
         preferred_element_type=jnp.float32)
     return DFlashState(cache.replace(length=length), self._last(ctx, length - 1), lifted)
 
-  def _block(self, net: DFlashNet, target: TargetView, state: DFlashState, ctx: DraftContext):
+  def _block(self, network: DFlashNet, target: TargetView, state: DFlashState, ctx: DraftContext):
     """[B, depth, E] the block's outputs at depths 1..depth (the head's input)."""
     cfg = target.config
     size = self.net.block_size
@@ -331,14 +345,14 @@ class DFlashDrafter(learned.LearnedDrafter):
     start = ctx.hist_len - 1  # the pending token's position: the anchor
     first = learned.embed(cfg, target.params, ctx.pending).astype(self.head_dtype)[:, None]
     mask_id = self.net.mask_token_id  # `mask_row`, gathering the one row rather than the table
-    mask = net.mask_embedding[...] if mask_id is None else learned.embed(
+    mask = network.mask_embedding[...] if mask_id is None else learned.embed(
         cfg, target.params, jnp.asarray(mask_id))
     last = None if state.last is None else state.last[:, None]
-    x = net.embed_blocks(first, mask, size, last)
+    x = network.embed_blocks(first, mask, size, last)
     positions = (start[:, None] + jnp.arange(size)[None, :]).astype(jnp.int32)[:, None]
     ctx_mask = (jnp.arange(cache.max_len)[None, :] < cache.length[:, None])[:, None]
     ctx_kv = [(cache.k[i], cache.v[i]) for i in range(self.net.model.num_layers)]
-    return net(x, positions, ctx_kv, ctx_mask)[:, 0, 1:self.depth + 1]
+    return network(x, positions, ctx_kv, ctx_mask)[:, 0, 1:self.depth + 1]
 
   @jax.named_scope("lm_head")
   def _head(self, h: jax.Array, recent: learned.RecentVocab | None) -> jax.Array:
@@ -350,16 +364,16 @@ class DFlashDrafter(learned.LearnedDrafter):
     """(float32[B, depth, Vd (+ recent)] draft logits of depths 1..depth, the round's recent
     ids). Without a correction these are the block's marginals; with one, depth d is
     conditioned on prev[:, d - 1] (int32[B, depth] target ids; prev[:, 0] is `pending`)."""
-    net = self._net()
-    h = self._block(net, target, state, ctx)
+    network = self._network()
+    h = self._block(network, target, state, ctx)
     if self.net.correction_rank:
       if prev is None:
         raise ValueError("a corrected DFlash's depth d reads the token at d - 1: pass prev")
-      h = net.correction(h, learned.embed(target.config, target.params, prev))
+      h = network.correction(h, learned.embed(target.config, target.params, prev))
     recent = self.recent_vocab(target, ctx)
     return self._head(h, recent), recent
 
-  def _corrected(self, net: DFlashNet, target: TargetView, state: DFlashState, h: jax.Array,
+  def _corrected(self, network: DFlashNet, target: TargetView, state: DFlashState, h: jax.Array,
                  recent: learned.RecentVocab | None):
     """`corrected(level, tokens)`: float32[B, k, Vd (+ R)] draft log-probabilities at depth
     level + 1 conditioned on tokens int32[B, k] (target ids) above it, from the block's
@@ -372,12 +386,12 @@ class DFlashDrafter(learned.LearnedDrafter):
     cfg = target.config
     base = self._head(h, recent)  # [B, depth, Vd (+ R)]
     lifted_recent = None if recent is None else jnp.einsum(
-        "RE,BNE->BRN", net.correction.up.kernel[...], recent.cols,
+        "RE,BNE->BRN", network.correction.up.kernel[...], recent.cols,
         preferred_element_type=jnp.float32)
 
     def corrected(level, tokens):
       hk = jnp.broadcast_to(h[:, level, None], tokens.shape + h.shape[-1:])
-      codes = net.correction.codes(hk, learned.embed(cfg, target.params, tokens))
+      codes = network.correction.codes(hk, learned.embed(cfg, target.params, tokens))
       with jax.named_scope("lm_head"):
         delta = jnp.einsum("BKR,RV->BKV", codes, state.lifted_up,
                            preferred_element_type=jnp.float32)
@@ -389,14 +403,14 @@ class DFlashDrafter(learned.LearnedDrafter):
     return corrected
 
   def draft(self, target: TargetView, state: DFlashState, ctx: DraftContext):
-    net = self._net()
-    h = self._block(net, target, state, ctx)
+    network = self._network()
+    h = self._block(network, target, state, ctx)
     recent = self.recent_vocab(target, ctx)
     if not self.net.correction_rank:  # one marginal per depth: DDTree's best-first tree
       grown = trees.tree_from_marginals(learned.draft_logprobs(self._head(h, recent)),
                                         num_nodes=self.total_tokens, top_k=self.top_k)
     else:  # each frontier node's children conditioned on its own token
-      corrected = self._corrected(net, target, state, h, recent)
+      corrected = self._corrected(network, target, state, h, recent)
 
       def expand(carry, tokens, parent, level):
         return corrected(level, self.to_target_ids(tokens, recent)), carry
@@ -414,7 +428,7 @@ class DFlashDrafter(learned.LearnedDrafter):
     feats = jnp.take_along_axis(feats, acc.path[:, :rows, None], axis=1)
     c = state.cache.length
     positions = (c[:, None] + jnp.arange(rows)[None, :]).astype(jnp.int32)
-    cache, ctx = self._write_context(self._net(), state.cache, feats, positions)
+    cache, ctx = self._write_context(self._network(), state.cache, feats, positions)
     last = self._last(ctx, acc.n_accepted)  # the last accepted row: the next anchor's previous
     if last is not None:
       last = jnp.where(result.live[:, None], last, state.last)
@@ -432,7 +446,7 @@ def sample_starts(key: jax.Array, batch: int, length: int, num: int) -> jax.Arra
   return jnp.sort(jnp.argsort(u, axis=1)[:, :num], axis=1).astype(jnp.int32)
 
 
-def training_logits(net: DFlashNet, cfg: DFlashConfig, feats, tokens, emb_table, head, starts,
+def training_logits(network: DFlashNet, net: DFlashConfig, feats, tokens, emb_table, head, starts,
                     num_steps: int):
   """float32[num_steps, B, N, Vd]: logits[s, b, n] for the token at starts[b, n] + s + 2.
 
@@ -441,23 +455,23 @@ def training_logits(net: DFlashNet, cfg: DFlashConfig, feats, tokens, emb_table,
   at a round whose pending token sits at a. Anchors past the row's end read its last token
   (their targets lie past the end too and are never scored)."""
   b, t = tokens.shape
-  size = cfg.block_size
+  size = net.block_size
   positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-  ctx = net.context(feats)
-  ctx_kv = net.context_kv(ctx, positions)
+  ctx = network.context(feats)
+  ctx_kv = network.context_kv(ctx, positions)
   anchor = jnp.minimum(starts + 1, t - 1)
   first = jnp.take(emb_table, jnp.take_along_axis(tokens, anchor, axis=1), axis=0)
   anchor_ctx = (jnp.take_along_axis(ctx, starts[:, :, None], axis=1)  # position t = a - 1
-                if cfg.anchor_feature else None)
-  x = net.embed_blocks(first.astype(feats.dtype), net.mask_row(emb_table, cfg.mask_token_id),
-                       size, anchor_ctx)
+                if net.anchor_feature else None)
+  x = network.embed_blocks(first.astype(feats.dtype),
+                           network.mask_row(emb_table, net.mask_token_id), size, anchor_ctx)
   block_pos = (starts + 1)[:, :, None] + jnp.arange(size)[None, None, :]
   ctx_mask = jnp.arange(t)[None, None, :] <= starts[:, :, None]  # strict: before the anchor
-  h = net(x, block_pos.astype(jnp.int32), ctx_kv, ctx_mask)[:, :, 1:num_steps + 1]
-  if cfg.correction_rank:  # depth k reads the true token at k - 1 (teacher forcing)
+  h = network(x, block_pos.astype(jnp.int32), ctx_kv, ctx_mask)[:, :, 1:num_steps + 1]
+  if net.correction_rank:  # depth k reads the true token at k - 1 (teacher forcing)
     above = jnp.minimum(starts[:, :, None] + 1 + jnp.arange(num_steps)[None, None, :], t - 1)
     prev = jnp.take_along_axis(tokens, above.reshape(b, -1), axis=1).reshape(above.shape)
-    h = net.correction(h, jnp.take(emb_table, prev, axis=0))
+    h = network.correction(h, jnp.take(emb_table, prev, axis=0))
   logits = jnp.einsum("BNPE,EV->PBNV", h, head, preferred_element_type=jnp.float32)
   return logits
 
@@ -468,8 +482,7 @@ class DFlashFamily(learned.Family):
   module = DFlashNet
   config_cls = DFlashConfig
   uses_target_head = True
-  options = ("target_layers", "num_layers", "num_kv_heads", "block_size", "num_anchors",
-             "correction_rank", "anchor_feature")
+  options_cls = DFlashOptions
   # One mask embedding serves every masked position and positions are RoPE'd: no parameter
   # depends on the block size, so a trained drafter can start a run with a longer block.
   free_fields = ("block_size",)
@@ -480,42 +493,40 @@ class DFlashFamily(learned.Family):
     n = target_cfg.num_layers
     return tuple(sorted({max(1, n // 3), max(1, 2 * n // 3), n}))
 
-  def make_config(self, target_cfg, *, draft_vocab_size, num_features, num_layers: int = 1,
-                  num_kv_heads: int = 0, block_size: int = 8, mask_token_id: int | None = None,
-                  correction_rank: int = 0, anchor_feature: bool = False, **_
+  def make_config(self, target_cfg, *, draft_vocab_size, num_features,
+                  options: DFlashOptions | None = None, mask_token_id: int | None = None
                   ) -> DFlashConfig:
     """Draft layers shaped as the target's (`num_kv_heads` 0), or with more K/V heads: every
     masked position reads the context and the last token only through its layers' values, so
     a target with few K/V heads narrows what one layer can carry."""
-    num_layers = checks.integer("num_layers", num_layers, lo=1)
+    o = options or DFlashOptions()
     heads = target_cfg.num_heads
-    num_kv_heads = checks.integer("num_kv_heads", num_kv_heads, lo=0) or target_cfg.num_kv_heads
+    num_kv_heads = o.num_kv_heads or target_cfg.num_kv_heads
     if heads % num_kv_heads:
       raise ValueError(f"num_kv_heads must divide the {heads} attention heads, got {num_kv_heads}")
-    model = target_cfg.replace(num_layers=num_layers, num_kv_heads=num_kv_heads,
+    model = target_cfg.replace(num_layers=o.num_layers, num_kv_heads=num_kv_heads,
                                attention_impl="xla", qk_norm=True, compute_dtype=target_cfg.dtype)
-    return DFlashConfig(model, num_features, block_size, draft_vocab_size, mask_token_id,
-                        correction_rank, bool(anchor_feature))
+    return DFlashConfig(model, num_features, o.block_size, draft_vocab_size, mask_token_id,
+                        o.correction_rank, o.anchor_feature)
 
   def check_training(self, cfg) -> None:
-    steps = max(cfg.train_steps, cfg.eval_depth)
-    if cfg.block_size < 2:
-      raise ValueError(f"DFlash block_size must be >= 2, got {cfg.block_size}")
-    if steps > cfg.block_size - 1:
+    o, steps = cfg.family, max(cfg.train_steps, cfg.eval_depth)
+    if steps > o.block_size - 1:
       raise ValueError(f"train_steps and eval_depth must be at most block_size - 1 = "
-                       f"{cfg.block_size - 1} (the depths one block drafts), got {steps}")
-    if cfg.num_anchors and not 1 <= cfg.num_anchors <= cfg.row_len - 1:
+                       f"{o.block_size - 1} (the depths one block drafts), got {steps}")
+    if o.num_anchors and not 1 <= o.num_anchors <= cfg.row_len - 1:
       raise ValueError(f"num_anchors must be in [1, {cfg.row_len - 1}] for rows of "
-                       f"{cfg.row_len} tokens, got {cfg.num_anchors}")
+                       f"{cfg.row_len} tokens, got {o.num_anchors}")
 
   def starts(self, cfg, key, batch: int, length: int):
     """A random subset of `num_anchors` starts per row (None: every start)."""
-    if not cfg.num_anchors:
+    num = cfg.family.num_anchors
+    if not num:
       return None
     if key is None:
       raise ValueError("random anchors (num_anchors) are drawn from the step's key: the batch "
                        "needs one ('key')")
-    return sample_starts(key, batch, length, cfg.num_anchors)
+    return sample_starts(key, batch, length, num)
 
   def depth_logits(self, net, params, x, num_steps, *, train=False):
     """logits[s, b, n] for the token at starts[b, n] + s + 2: block position s + 1 of the block
@@ -526,8 +537,8 @@ class DFlashFamily(learned.Family):
     b, t = x.tokens.shape
     starts = x.starts if x.starts is not None else jnp.broadcast_to(
         jnp.arange(t, dtype=jnp.int32), (b, t))
-    module = learned.merge(DFlashNet, net, params)
-    return training_logits(module, net, x.feats, x.tokens, x.emb, x.head, starts,
+    network = learned.merge(DFlashNet, net, params)
+    return training_logits(network, net, x.feats, x.tokens, x.emb, x.head, starts,
                            num_steps), jnp.zeros((), jnp.float32)
 
   def assemble(self, net, params, d2t, target, hidden_layers, *, depth: int | None = None,

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from specjax.config_utils import config
+from specjax.config_utils import NonNegFloat, config
 from specjax.drafters import eagle_common, io, learned
 from specjax.models.config import ModelConfig
 
@@ -38,6 +38,17 @@ class EagleConfig:
 
   def with_dtype(self, dtype: str) -> EagleConfig:
     return dataclasses.replace(self, model=self.model.replace(dtype=dtype, compute_dtype=dtype))
+
+
+@config
+class EagleOptions(learned.FeatureNoiseOptions):
+  """EAGLE's training options: feature noise and the weight of its feature regression."""
+
+  regression_weight: NonNegFloat = 1.0  # weight of the feature regression (the auxiliary loss)
+
+  @property
+  def aux_weight(self) -> float:
+    return self.regression_weight
 
 
 class EagleNet(nnx.Module):
@@ -70,11 +81,11 @@ class EagleFamily(eagle_common.EagleFamily):
   description = "one feature-level decoder layer, EAGLE-2 dynamic tree (EAGLE-1/2)"
   module = EagleNet
   config_cls = EagleConfig
-  # EAGLE-1's feature regression (weighted by regression_weight) and its feature noise.
-  options = ("regression_weight", "feature_noise")
+  options_cls = EagleOptions  # EAGLE-1's feature regression (its weight) and feature noise
 
-  def make_config(self, target_cfg, *, draft_vocab_size, num_features, **_) -> EagleConfig:
-    del draft_vocab_size, num_features  # the target's head; one feature, the final state
+  def make_config(self, target_cfg, *, draft_vocab_size, num_features, options=None
+                  ) -> EagleConfig:
+    del draft_vocab_size, num_features, options  # the target's head; one feature, the final state
     return EagleConfig(target_cfg.replace(num_layers=1, attention_impl="xla",
                                           compute_dtype=target_cfg.dtype))
 
@@ -82,8 +93,8 @@ class EagleFamily(eagle_common.EagleFamily):
     """logits[s] for the token at t + s + 2, unrolled on the drafter's own outputs; in
     training also EAGLE's feature regression of the step-0 output h_t onto the clean target
     feature f_{t+1} (smooth L1, averaged over positions and feature dimensions)."""
-    module = learned.merge(EagleNet, net, params)
-    logits, outs = eagle_common.unroll(module, x.feats, x.tokens, x.emb, x.head, num_steps)
+    network = learned.merge(EagleNet, net, params)
+    logits, outs = eagle_common.unroll(network, x.feats, x.tokens, x.emb, x.head, num_steps)
     if not train:
       return logits, jnp.zeros((), jnp.float32)
     err = (outs[0][:, :-1] - x.clean[:, 1:]).astype(jnp.float32)

@@ -39,6 +39,14 @@ class Eagle3Config:
     return dataclasses.replace(self, model=self.model.replace(dtype=dtype, compute_dtype=dtype))
 
 
+@config
+class Eagle3Options(learned.FeatureNoiseOptions, learned.TapOptions):
+  """EAGLE-3's training options: its taps, feature noise and the head ablation."""
+
+  # Head ablation: keep the drafter's own draft head at its initial value (the target's).
+  frozen_head: bool = False
+
+
 class Eagle3Net(nnx.Module):
 
   def __init__(self, cfg: Eagle3Config, rngs: nnx.Rngs):
@@ -74,8 +82,7 @@ class Eagle3Family(eagle_common.EagleFamily):
   module = Eagle3Net
   config_cls = Eagle3Config
   uses_target_head = False  # its own norm and LM head over the draft vocabulary
-  # Taps (`target_layers`), the head ablation (`frozen_head`) and feature noise.
-  options = ("target_layers", "frozen_head", "feature_noise")
+  options_cls = Eagle3Options
 
   def default_taps(self, target_cfg: ModelConfig) -> tuple[int, ...]:
     """Low, middle and high taps: outputs of layers L // 3 and 2L // 3, and the final state L.
@@ -92,7 +99,9 @@ class Eagle3Family(eagle_common.EagleFamily):
     net, params = super().shrink_vocab(net, params, size)
     return net, learned.map_leaf(params, "lm_head/kernel", lambda k: k[:, :size])  # [E, Vd]
 
-  def make_config(self, target_cfg, *, draft_vocab_size, num_features, **_) -> Eagle3Config:
+  def make_config(self, target_cfg, *, draft_vocab_size, num_features, options=None
+                  ) -> Eagle3Config:
+    del options  # its taps decide num_features; the rest are training's
     return Eagle3Config(target_cfg.replace(num_layers=1, attention_impl="xla",
                                            compute_dtype=target_cfg.dtype),
                         num_features, draft_vocab_size)
@@ -115,15 +124,15 @@ class Eagle3Family(eagle_common.EagleFamily):
   def frozen_leaves(self, cfg):
     """Under `frozen_head`, the head (`norm`, `lm_head`) stays the target's: EAGLE's frozen head
     on EAGLE-3's layer."""
-    if not cfg.frozen_head:
+    if not cfg.family.frozen_head:
       return None
     return lambda params: jax.tree_util.tree_map_with_path(
         lambda path, _: getattr(path[0], "key", None) in ("norm", "lm_head"), params)
 
   def depth_logits(self, net, params, x, num_steps, *, train=False):
     """logits[s] for the token at t + s + 2 from the training-time-test unroll."""
-    module = learned.merge(Eagle3Net, net, params)
-    logits, _ = eagle_common.unroll(module, x.feats, x.tokens, x.emb, None, num_steps)
+    network = learned.merge(Eagle3Net, net, params)
+    logits, _ = eagle_common.unroll(network, x.feats, x.tokens, x.emb, None, num_steps)
     return logits, jnp.zeros((), jnp.float32)
 
 

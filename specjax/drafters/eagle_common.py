@@ -97,7 +97,7 @@ def _ttt_attention(q, keys, values, sm_scale):
   return out.reshape(b, t, h, d).astype(q.dtype)
 
 
-def unroll(net, feats: jax.Array, tokens: jax.Array, emb_table: jax.Array, head,
+def unroll(network, feats: jax.Array, tokens: jax.Array, emb_table: jax.Array, head,
            num_steps: int):
   """logits[s, b, t] (draft vocabulary) for the token at t + s + 2, and the step outputs h[s].
 
@@ -105,18 +105,18 @@ def unroll(net, feats: jax.Array, tokens: jax.Array, emb_table: jax.Array, head,
   replaced by token 0 (its logits are never scored: their targets are past the end too).
   """
   b, t = tokens.shape
-  h = net.features(feats)
+  h = network.features(feats)
   positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
   keys, values, logits, outs = [], [], [], []
   for s in range(num_steps):
     nxt = jnp.pad(tokens[:, s + 1:], ((0, 0), (0, s + 1)))
-    attn_in, resid = net.inputs(h, jnp.take(emb_table, nxt, axis=0).astype(h.dtype))
-    q, k, v = net.layer.qkv(attn_in, positions + s)
+    attn_in, resid = network.inputs(h, jnp.take(emb_table, nxt, axis=0).astype(h.dtype))
+    q, k, v = network.layer.qkv(attn_in, positions + s)
     keys.append(k)
     values.append(v)
-    h = net.layer.finish(resid, _ttt_attention(q, keys, values, net.layer.sm_scale))
+    h = network.layer.finish(resid, _ttt_attention(q, keys, values, network.layer.sm_scale))
     outs.append(h)
-    logits.append(net.logits(h, head))
+    logits.append(network.logits(h, head))
   return jnp.stack(logits), jnp.stack(outs)
 
 
@@ -133,15 +133,18 @@ class EagleState:
 
 @struct.dataclass
 class EagleDrafter(learned.LearnedDrafter):
-  """EAGLE-2 dynamic-tree drafting with a family's network (`module`, `net` config)."""
+  """EAGLE-2 dynamic-tree drafting with a family's network.
 
-  module: type = struct.field(pytree_node=False, default=None)
-  net: object = struct.field(pytree_node=False, default=None)
+  Required (by keyword: the base's fields with defaults come first): `module`, the family's
+  nnx.Module class, and `net`, its config (hashable, static). `_network()` merges them with the
+  params into the module instance that runs, named `network` wherever it is passed."""
+
+  module: type = struct.field(pytree_node=False, kw_only=True)
+  net: object = struct.field(pytree_node=False, kw_only=True)
   depth: int = struct.field(pytree_node=False, default=6)
   top_k: int = struct.field(pytree_node=False, default=4)
   total_tokens: int = struct.field(pytree_node=False, default=16)
   hidden_layers: tuple[int, ...] = struct.field(pytree_node=False, default=())
-  sampled: bool = struct.field(pytree_node=False, default=False)  # top-k children: one-hot q
 
   @property
   def num_nodes(self) -> int:
@@ -161,21 +164,21 @@ class EagleDrafter(learned.LearnedDrafter):
     """The most draft nodes one round can accept: the tree's depth, or its size if smaller."""
     return min(self.depth, self.total_tokens)
 
-  def _net(self):
+  def _network(self):
     return learned.merge(self.module, self.net, self.params)
 
-  def _feed(self, net, h, emb, positions, cache: KVCache, write_at, mask):
+  def _feed(self, network, h, emb, positions, cache: KVCache, write_at, mask):
     """Runs the layer on [B, T] pairs, writing their K/V at `write_at`; mask: bool[B, T, S_d]."""
-    attn_in, resid = net.inputs(h, emb)
-    q, k, v = net.layer.qkv(attn_in, positions)
+    attn_in, resid = network.inputs(h, emb)
+    q, k, v = network.layer.qkv(attn_in, positions)
     with jax.named_scope("attention"):
       cache = cache.replace(length=write_at).write(0, k, v)
       out = attention.xla_attention(q, cache.k[0], cache.v[0], None, mask,
-                                    sm_scale=net.layer.sm_scale)
-    return net.layer.finish(resid, out), cache
+                                    sm_scale=network.layer.sm_scale)
+    return network.layer.finish(resid, out), cache
 
   def init(self, target: TargetView, prefill: Prefill) -> EagleState:
-    net = self._net()
+    network = self._network()
     b, p = prefill.prompt.shape
     cfg = target.config
     slots = prefill.history.shape[1] + self._tree_slots + self.depth + 1
@@ -186,7 +189,7 @@ class EagleDrafter(learned.LearnedDrafter):
     positions = jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p))
     emb = learned.embed(cfg, target.params, prefill.history[:, 1:p + 1]).astype(self.head_dtype)
     mask = attention.full_mask(jnp.zeros((b,), jnp.int32), decoder.causal_mask(n_fed, p), slots)
-    _, cache = self._feed(net, net.features(feats), emb, positions, cache,
+    _, cache = self._feed(network, network.features(feats), emb, positions, cache,
                           jnp.zeros((b,), jnp.int32), mask)
     pending = learned.take_rows(feats, n_fed)[:, None]
     pad = jnp.zeros((b, self._longest_path, feats.shape[-1]), feats.dtype)
@@ -194,12 +197,12 @@ class EagleDrafter(learned.LearnedDrafter):
                       jnp.ones((b,), jnp.int32))
 
   @jax.named_scope("lm_head")
-  def _logits(self, net, h: jax.Array, recent: learned.RecentVocab | None) -> jax.Array:
+  def _logits(self, network, h: jax.Array, recent: learned.RecentVocab | None) -> jax.Array:
     """[B, ..., Vd (+ recent_tokens)] draft logits of h: [B, ..., E]."""
-    return learned.with_recent(net.logits(h, self.head), net.head_input(h), recent)
+    return learned.with_recent(network.logits(h, self.head), network.head_input(h), recent)
 
   def draft(self, target: TargetView, state: EagleState, ctx: DraftContext):
-    net = self._net()
+    network = self._network()
     cfg = target.config
     b, rows = state.feats.shape[:2]
     c = state.cache.length
@@ -209,11 +212,12 @@ class EagleDrafter(learned.LearnedDrafter):
     toks = jnp.take_along_axis(ctx.history, jnp.clip(idx + 1, 0, ctx.history.shape[1] - 1), 1)
     emb = learned.embed(cfg, target.params, toks).astype(self.head_dtype)
     mask = attention.full_mask(c, decoder.causal_mask(state.n_new, rows), slots)
-    out, cache = self._feed(net, net.features(state.feats), emb, idx, state.cache, c, mask)
+    out, cache = self._feed(network, network.features(state.feats), emb, idx, state.cache, c,
+                            mask)
     h_root = learned.take_rows(out, state.n_new - 1)  # [B, E]
     c = c + state.n_new  # = hist_len - 1: the pairs up to pending are committed
     recent = self.recent_vocab(target, ctx)
-    root_logp = learned.draft_logprobs(self._logits(net, h_root, recent))
+    root_logp = learned.draft_logprobs(self._logits(network, h_root, recent))
     k, tree_slots = self.top_k, self._tree_slots
 
     def expand(carry, tokens, parent, level):
@@ -224,9 +228,9 @@ class EagleDrafter(learned.LearnedDrafter):
           jnp.arange(tree_slots)[None, None, :] == own[None, :, None])
       emb = learned.embed(cfg, target.params, self.to_target_ids(tokens, recent)).astype(h.dtype)
       positions = jnp.broadcast_to((c + level - 1)[:, None], (b, k))
-      out, cache = self._feed(net, h, emb, positions, cache, c + (level - 1) * k,
+      out, cache = self._feed(network, h, emb, positions, cache, c + (level - 1) * k,
                               attention.full_mask(c, anc, slots))
-      return learned.draft_logprobs(self._logits(net, out, recent)), (cache, out, anc)
+      return learned.draft_logprobs(self._logits(network, out, recent)), (cache, out, anc)
 
     carry = (cache, h_root[:, None], jnp.zeros((b, 1, tree_slots), bool))
     grown, (cache, _, _) = trees.grow_dynamic_tree(

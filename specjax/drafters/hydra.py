@@ -38,6 +38,11 @@ class HydraConfig:
     return dataclasses.replace(self, dtype=dtype)
 
 
+@config
+class HydraOptions(static_tree.StaticTreeOptions):
+  """Hydra's training options: its heads (`num_heads`)."""
+
+
 class HydraHead(nnx.Module):
 
   def __init__(self, e: int, depth: int, dtype, rngs: nnx.Rngs):
@@ -114,6 +119,7 @@ class HydraFamily(static_tree.StaticTreeFamily):
   module = HydraHeads
   config_cls = HydraConfig
   drafter_cls = Hydra
+  options_cls = HydraOptions
 
   def depth_logits(self, net, params, x, num_steps, *, train=False):
     """Head s + 1 on the feature at t, conditioned on the true tokens t + 1 .. t + s + 1

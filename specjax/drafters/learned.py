@@ -12,6 +12,9 @@
   * `Family`: everything family-specific that the generic trainer (specjax.train.drafter), the
     loader (specjax.drafters.io), the tree tuner and the drafter comparison need, on one object
     defined in the family's own file. Nothing outside a family's file branches on its name.
+  * `FamilyOptions`: the base of each family's training options (its `Family.options_cls`, the
+    trainer's `family` group), with the options several families share (`TapOptions`,
+    `FeatureNoiseOptions`), so a new option is a field in its family's file only.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import numpy as np
 from flax import nnx, struct
 
 from specjax import checks, sharding
+from specjax.config_utils import NonNegFloat, NonNegInt, config
 from specjax.drafters.base import TargetFacts
 from specjax.models import decoder, layers
 from specjax.models.config import ModelConfig
@@ -261,6 +265,83 @@ def grown_tree_options(spec: str, family: str, example: str) -> dict[str, int]:
 
 
 # ------------------------------------------------------------------------------------------------
+# Training options
+
+
+@config
+class FamilyOptions:
+  """A family's training options: the base of its `Family.options_cls`, the trainer's `family`
+  group (`--set family.<option>=...`). A family without options uses it as it is.
+
+  The generic trainer reads an option only through the properties below, which a family's
+  options override, so that it names none of them: a new option is a field in the family's file.
+  """
+
+  @property
+  def taps(self) -> tuple[int, ...] | None:
+    """The target hidden states the run taps; None: the family's `default_taps`."""
+    return None
+
+  @property
+  def noise(self) -> float:
+    """Amplitude a of the uniform noise in [-a, a] on the features the drafter reads (0: none)."""
+    return 0.0
+
+  @property
+  def aux_weight(self) -> float:
+    """Weight of the family's auxiliary loss (`Family.depth_logits`' aux)."""
+    return 1.0
+
+  @classmethod
+  def why_no_field(cls, name: str) -> str:
+    """What a refusal of the unknown option `name` adds (`config_utils`): whose options these
+    are and which families read `name`, e.g. after a change of method."""
+    from specjax.drafters import registry
+    owners = [m for m in registry.families() if registry.family(m).options_cls is cls]
+    readers = [m for m in registry.families()
+               if name in option_names(registry.family(m).options_cls)]
+    return (f"{name} is not an option of {', '.join(owners) or cls.__name__} (its options: "
+            f"{option_names(cls)}); {name} is read by {readers}")
+
+
+def option_names(cls: type) -> list[str]:
+  """The fields of a family's options class, in order."""
+  return [f.name for f in dataclasses.fields(cls)]
+
+
+@config
+class TapOptions(FamilyOptions):
+  """The taps option, for families that fuse several target hidden states."""
+
+  # Taps: target hidden states fused (0 = embeddings, L = final normed state; default: the
+  # family's `default_taps`).
+  target_layers: tuple[NonNegInt, ...] | None = None
+
+  def __post_init__(self):
+    taps = self.target_layers
+    if taps is not None and (not taps or len(set(taps)) != len(taps)):
+      raise ValueError(f"target_layers must be distinct layer ids, got {taps}")
+
+  @property
+  def taps(self) -> tuple[int, ...] | None:
+    return self.target_layers
+
+
+@config
+class FeatureNoiseOptions(FamilyOptions):
+  """The feature augmentation option, for families that roll forward on their own features."""
+
+  # Feature augmentation: uniform noise in [-a, a] on the target features the drafter reads (not
+  # on what a regression aims at), so the features it rolls forward on at inference, its own and
+  # never exact, are not out of distribution. 0 = none.
+  feature_noise: NonNegFloat = 0.0
+
+  @property
+  def noise(self) -> float:
+    return self.feature_noise
+
+
+# ------------------------------------------------------------------------------------------------
 # The family protocol
 
 
@@ -290,12 +371,9 @@ class Family(abc.ABC):
       (saved in the drafter folder's config.json as "net").
     uses_target_head: drafts through the target's frozen LM head restricted to the draft
       vocabulary (`restricted_head`), which training and loading then provide as `head`.
-    options: the family-specific fields of the training config it reads (among `num_heads`,
-      `regression_weight`, `feature_noise`, `target_layers`, `frozen_head`, `num_layers`,
-      `block_size`, `num_anchors`, `correction_rank`, `anchor_feature`:
-      `specjax.train.drafter.FAMILY_OPTIONS`);
-      the trainer refuses
-      a run that sets any other one away from its default.
+    options_cls: its training options, a `@config` dataclass deriving from `FamilyOptions`
+      (fields, ranges, defaults and comments): the training config's `family` group, so the
+      trainer refuses an option the family does not have and `--help` lists the family's own.
     free_fields: network config fields no parameter's shape or meaning depends on, which a
       run may change from the drafter it starts from (`init_from`), e.g. DFlash's block size.
   """
@@ -305,7 +383,7 @@ class Family(abc.ABC):
   module: type
   config_cls: type
   uses_target_head: bool = True
-  options: tuple[str, ...] = ()
+  options_cls: type = FamilyOptions
   free_fields: tuple[str, ...] = ()
 
   # -- network -------------------------------------------------------------------------------
@@ -315,11 +393,22 @@ class Family(abc.ABC):
     of layer i, L = final normed state): by default the final state, the LM head's input."""
     return (target_cfg.num_layers,)
 
+  def taps(self, options: FamilyOptions, target_cfg: ModelConfig) -> tuple[int, ...]:
+    """The target hidden states a run with `options` reads: the ones it names (`options.taps`,
+    ascending, each checked against the target), else `default_taps`."""
+    if options.taps is None:
+      return self.default_taps(target_cfg)
+    n = target_cfg.num_layers
+    bad = [i for i in options.taps if not 0 <= i <= n]
+    if bad:
+      raise ValueError(f"target_layers {bad} are outside [0, {n}] (the target has {n} layers)")
+    return tuple(sorted(options.taps))
+
   @abc.abstractmethod
   def make_config(self, target_cfg: ModelConfig, *, draft_vocab_size: int, num_features: int,
-                  **options):
-    """The network config for a target; `options` are the family's training options (defaults
-    when building an untrained drafter)."""
+                  options: FamilyOptions | None = None):
+    """The network config for a target; `options`: the family's training options (an
+    `options_cls`; None: its defaults, as for an untrained drafter)."""
 
   def shrink_vocab(self, net, params: nnx.State, size: int) -> tuple[Any, nnx.State]:
     """(net, params) drafting over the first `size` draft ids (`load_drafter(draft_vocab=)`).
@@ -338,7 +427,8 @@ class Family(abc.ABC):
   # -- training ------------------------------------------------------------------------------
 
   def check_training(self, cfg) -> None:  # noqa: B027 (optional hook: nothing to check)
-    """Raises ValueError for a training config (`DrafterTrainConfig`) this family cannot run."""
+    """Raises ValueError for a training config (`DrafterTrainConfig`, its options in
+    `cfg.family`) this family cannot run: what relates its options to the run's other fields."""
 
   def starts(self, cfg, key: jax.Array, batch: int, length: int) -> jax.Array | None:
     """int32[batch, N]: the starts a training step scores (`DepthInputs.starts`), drawn from
@@ -361,7 +451,7 @@ class Family(abc.ABC):
     the state a depth-(s + 1) tree node would have at inference after position t. When
     `x.starts` is given (a family's own `starts`), the third axis runs over those starts
     instead: logits[s, b, n] for the token at starts[b, n] + s + 2. aux is the
-    family's auxiliary loss (weighted by the run's `regression_weight`); `train` is False for
+    family's auxiliary loss (weighted by its options' `aux_weight`); `train` is False for
     evaluation, where only the logits are used."""
 
   # -- inference -----------------------------------------------------------------------------

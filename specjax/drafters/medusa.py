@@ -42,6 +42,13 @@ class MedusaConfig:
     return dataclasses.replace(self, dtype=dtype)
 
 
+@config
+class MedusaOptions(static_tree.StaticTreeOptions):
+  """Medusa's training options: its heads (`num_heads`) and their depth."""
+
+  num_layers: PosInt = 1  # applications of each head's residual block (MedusaConfig.num_layers)
+
+
 class MedusaHeads(nnx.Module):
 
   def __init__(self, cfg: MedusaConfig, rngs: nnx.Rngs):
@@ -94,12 +101,13 @@ class MedusaFamily(static_tree.StaticTreeFamily):
   module = MedusaHeads
   config_cls = MedusaConfig
   drafter_cls = Medusa
-  options = ("num_heads", "num_layers")
+  options_cls = MedusaOptions
 
   def make_config(self, target_cfg, *, draft_vocab_size: int, num_features: int,
-                  num_heads: int = 4, num_layers: int = 1, **_):
+                  options: MedusaOptions | None = None):
     del draft_vocab_size, num_features  # the heads read one feature and the target's head
-    return MedusaConfig(target_cfg.hidden_size, num_heads, num_layers=num_layers)
+    options = options or MedusaOptions()
+    return MedusaConfig(target_cfg.hidden_size, options.num_heads, num_layers=options.num_layers)
 
   def init_params(self, net, target, d2t, seed: int):
     """Own LM heads start as the target's restricted to d2t (Medusa's initialisation)."""

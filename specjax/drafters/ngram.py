@@ -55,7 +55,6 @@ class NGram(Stateless):
   verify_sizes: tuple[int, ...] = struct.field(pytree_node=False, default=(0, 3))
   hidden_layers: tuple[int, ...] = struct.field(pytree_node=False, default=())
   built_for: TargetFacts | None = struct.field(pytree_node=False, default=None)
-  sampled: bool = struct.field(pytree_node=False, default=False)
 
   @property
   def num_nodes(self) -> int:

@@ -5,7 +5,7 @@ node (r_1, .., r_d) holds the rank-r_d candidate at depth d below its parent. Th
 the target's hidden state at the last committed position (`HeadState`), the one whose LM-head
 output produced `pending`, and fill the template with their heads' ranked candidates.
 `StaticTreeFamily` is the family protocol's shared half for such drafters: one head per depth
-(`num_heads`), trees named in TREES or given as choices.
+(`StaticTreeOptions.num_heads`), trees named in TREES or given as choices.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from specjax import checks, trees
+from specjax.config_utils import PosInt, config
 from specjax.drafters import learned
 from specjax.drafters.base import Prefill, RoundResult, TargetFacts, TargetView
 
@@ -63,10 +64,11 @@ def last_feature_after_round(state: HeadState, result: RoundResult) -> HeadState
 class StaticTreeDrafter(learned.LearnedDrafter):
   """Heads on the last committed hidden state filling a static template (Medusa, Hydra)."""
 
-  net: object = struct.field(pytree_node=False, default=None)
-  template: trees.TreeTemplate = struct.field(pytree_node=False, default=None)
+  # Required (by keyword: the base's fields with defaults come first): the heads' network config
+  # and the tree they fill.
+  net: object = struct.field(pytree_node=False, kw_only=True)
+  template: trees.TreeTemplate = struct.field(pytree_node=False, kw_only=True)
   hidden_layers: tuple[int, ...] = struct.field(pytree_node=False, default=())
-  sampled: bool = struct.field(pytree_node=False, default=False)  # top-k children: one-hot q
 
   @property
   def num_nodes(self) -> int:
@@ -101,22 +103,30 @@ def parse_choices(choices):
   return tuple(tuple(int(r) for r in path) for path in choices)
 
 
+@config
+class StaticTreeOptions(learned.FamilyOptions):
+  """The training options of a head-per-depth family."""
+
+  num_heads: PosInt = 4  # one head per draft depth
+
+
 class StaticTreeFamily(learned.Family):
   """A head-per-depth family over static trees; subclasses set `drafter_cls` (its pytree, a
-  `StaticTreeDrafter`), the network (`module`, `config_cls`) and `depth_logits`."""
+  `StaticTreeDrafter`), the network (`module`, `config_cls`), `options_cls` (a
+  `StaticTreeOptions`) and `depth_logits`."""
 
   drafter_cls: type
-  options = ("num_heads",)
+  options_cls = StaticTreeOptions
 
   def make_config(self, target_cfg, *, draft_vocab_size: int, num_features: int,
-                  num_heads: int = 4, **_):
+                  options: StaticTreeOptions | None = None):
     del draft_vocab_size, num_features  # the heads read one feature and the target's head
-    return self.config_cls(target_cfg.hidden_size, num_heads)
+    return self.config_cls(target_cfg.hidden_size, (options or self.options_cls()).num_heads)
 
   def check_training(self, cfg) -> None:
-    deepest = max(cfg.train_steps, cfg.eval_depth)
-    if deepest > cfg.num_heads:
-      raise ValueError(f"{self.name} has {cfg.num_heads} heads (num_heads): train_steps and "
+    deepest, heads = max(cfg.train_steps, cfg.eval_depth), cfg.family.num_heads
+    if deepest > heads:
+      raise ValueError(f"{self.name} has {heads} heads (num_heads): train_steps and "
                        f"eval_depth must not exceed it, got {deepest}")
 
   def assemble(self, net, params, d2t, target, hidden_layers, *, choices=None,

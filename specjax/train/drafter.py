@@ -46,6 +46,7 @@ from typing import Annotated, Any, Literal
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import struct
 from tqdm.auto import tqdm
 
 from specjax import assets, config_utils, decoding, files, provenance, sharding
@@ -53,7 +54,6 @@ from specjax.config_utils import (
   Ge,
   NonEmptyStr,
   NonNegFloat,
-  NonNegInt,
   PosFloat,
   PosInt,
   Seed,
@@ -67,12 +67,6 @@ from specjax.target import Target
 from specjax.train import loop
 from specjax.train.optim import OptimConfig, make_optimizer
 from specjax.train.target_lm import portable_path
-
-# Fields of `DrafterTrainConfig` that only some families read (`Family.options`): a run that sets
-# one away from its default for a family that does not read it is refused, not silently ignored.
-FAMILY_OPTIONS = ("num_heads", "regression_weight", "feature_noise", "target_layers",
-                  "frozen_head", "num_layers", "num_kv_heads", "block_size", "num_anchors",
-                  "correction_rank", "anchor_feature")
 
 
 @config
@@ -102,26 +96,9 @@ class DrafterTrainConfig:
   # reaches at inference; past a miss it would stop. Averaged over all starts, so each depth
   # weighs by how often it is reached. Needs train_steps >= 2.
   chain_loss: bool = False
-  # Family options (FAMILY_OPTIONS), each read only by the families that declare it:
-  num_heads: PosInt = 4  # one head per draft depth (static-tree families)
-  regression_weight: NonNegFloat = 1.0  # weight of the family's auxiliary loss (regression)
-  # Feature augmentation: uniform noise in [-a, a] on the target features the drafter reads (not
-  # on what a regression aims at), so the features it rolls forward on at inference, its own and
-  # never exact, are not out of distribution. 0 = none.
-  feature_noise: NonNegFloat = 0.0
-  # Taps: target hidden states fused (0 = embeddings, L = final normed state; default: the
-  # family's `default_taps`).
-  target_layers: tuple[NonNegInt, ...] | None = None
-  # Head ablation: keep the drafter's own draft head at its initial value (the target's).
-  frozen_head: bool = False
-  # Block-parallel drafters (DFlash): draft decoder layers, block size B (the last token and
-  # B - 1 masked positions) and the random starts (anchors) a step trains per row (0: all).
-  num_layers: PosInt = 1
-  num_kv_heads: NonNegInt = 0  # K/V heads of the draft layers (0: the target's)
-  block_size: Annotated[int, Ge(2)] = 8
-  num_anchors: NonNegInt = 0
-  correction_rank: NonNegInt = 0  # DFlash's causal correction (0: none)
-  anchor_feature: bool = False  # DFlash: the context before the anchor into the block's inputs
+  # The family's own options (its `Family.options_cls`; `--set family.<option>=...`), its
+  # defaults when not given; options of another family are carried over where it has them.
+  family: learned.FamilyOptions | None = None
   # Fine-tuning: a drafter folder (specjax's own or a published layout, `io.read_drafter`) whose
   # params start the run instead of the family's initialisation; its family, network, taps and
   # draft vocabulary are the run's (a mismatch is refused, naming it). None: a fresh drafter.
@@ -146,29 +123,46 @@ class DrafterTrainConfig:
 
   def __post_init__(self):
     fam = registry.family(self.method)  # raises for an unknown method
-    defaults = {f.name: f.default for f in dataclasses.fields(self)}
-    for name in FAMILY_OPTIONS:
-      if name not in fam.options and getattr(self, name) != defaults[name]:
-        readers = [m for m in registry.families() if name in registry.family(m).options]
-        raise ValueError(f"{name} is not an option of {self.method} (its options: "
-                         f"{list(fam.options)}); {name} is read by {readers}")
+    # Frozen: the validated instance is completed in place, once, before anything reads it.
+    object.__setattr__(self, "family", family_options(fam, self.family))
     if self.mesh is not None:
       sharding.check_mesh_spec(self.mesh)
-    if self.target_layers is not None and (
-        not self.target_layers or len(set(self.target_layers)) != len(self.target_layers)):
-      raise ValueError(f"target_layers must be distinct layer ids, got {self.target_layers}")
     if self.chain_loss and self.train_steps < 2:
       raise ValueError("chain_loss scores depths past the first: it needs train_steps >= 2")
     fam.check_training(self)
+
+  @classmethod
+  def record_types(cls, record: dict[str, Any]) -> dict[str, Any]:
+    """The type of `family` in a recorded config (`config_utils.from_dict`): its method's
+    options class (an unknown method is refused, naming it; a method of another type is left
+    to the field checks, which name it)."""
+    method = record.get("method")
+    if not isinstance(method, str):
+      return {"family": Any}
+    return {"family": registry.family(method).options_cls | None}
 
   @property
   def row_len(self) -> int:
     return self.distill_prompt_tokens + self.distill_new_tokens if (
         self.source == "self_distill") else self.seq_len
 
-  def family_options(self) -> dict[str, Any]:
-    """The family options this run's family reads, for `Family.make_config`."""
-    return {name: getattr(self, name) for name in registry.family(self.method).options}
+
+def family_options(fam: learned.Family, given: learned.FamilyOptions | None
+                   ) -> learned.FamilyOptions:
+  """`given` as `fam`'s options: its defaults for None; options of another family (a config
+  whose `method` was changed) keep the values they set away from their defaults, each of which
+  `fam` must have, as if set on `fam`'s options (else refused, naming whose option it is)."""
+  cls = fam.options_cls
+  if given is None or type(given) is cls:
+    return cls() if given is None else given
+  default = type(given)()
+  changed = {f.name: getattr(given, f.name) for f in dataclasses.fields(given)
+             if getattr(given, f.name) != getattr(default, f.name)}
+  ours = learned.option_names(cls)
+  for name in changed:
+    if name not in ours:
+      raise ValueError(cls.why_no_field(name))
+  return cls(**changed)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -185,9 +179,33 @@ class _Setup:
   hidden_layers: tuple[int, ...]
 
 
-def _target_view(setup: _Setup, frozen, tokens):
+@struct.dataclass
+class Frozen:
+  """What every step reads and none trains: the target and the pieces of it the drafter reads.
+  They travel with each batch as jit arguments, not as compile-time constants of the step."""
+
+  target: Any  # nnx.State: the target's params
+  d2t: jax.Array  # int32[Vd] the target id of each draft id
+  emb: jax.Array  # [V, E] the target's input embeddings, as its first layer reads them
+  head: jax.Array | None  # [E, Vd] the target's LM head over the draft vocabulary, for families
+  #                         that draft through it (`Family.uses_target_head`), else None
+
+
+@struct.dataclass
+class DrafterBatch:
+  """One step's batch (a pytree: the loop shards it as `train_drafter` lays it out, the rows
+  split over `data`, the frozen pieces as they lie, the key replicated)."""
+
+  frozen: Frozen
+  tokens: jax.Array  # int32[B, T] token rows
+  # The step's PRNG key (feature noise, a family's random starts), a function of the step so a
+  # resumed run draws the same; None (evaluation, a caller's batch): no noise, every start.
+  key: jax.Array | None = None
+
+
+def _target_view(setup: _Setup, frozen: Frozen, tokens):
   """Frozen target features [B, T, F], full logits [B, T, V] (no gradient flows into them)."""
-  out = decoder.full_forward(setup.target_cfg, frozen["target"], tokens,
+  out = decoder.full_forward(setup.target_cfg, frozen.target, tokens,
                              hidden_layers=setup.hidden_layers)
   feats = learned.concat_features(out.hidden)
   return jax.lax.stop_gradient(feats), jax.lax.stop_gradient(out.logits.astype(jnp.float32))
@@ -199,10 +217,10 @@ def _at(x: jax.Array, index: jax.Array) -> jax.Array:
   return jnp.take_along_axis(x, index.reshape(index.shape + (1,) * (x.ndim - 2)), axis=1)
 
 
-def drafter_loss(setup: _Setup, cfg: DrafterTrainConfig, params, batch):
-  frozen, tokens = batch["frozen"], batch["tokens"]
+def drafter_loss(setup: _Setup, cfg: DrafterTrainConfig, params, batch: DrafterBatch):
+  frozen, tokens, key = batch.frozen, batch.tokens, batch.key
   feats, logits = _target_view(setup, frozen, tokens)
-  d2t = frozen["d2t"]
+  d2t = frozen.d2t
   restricted = jnp.take(logits, d2t, axis=-1)
   if cfg.hard_targets:  # the target's greedy token (scored only where the draft vocab has it)
     p = jax.nn.one_hot(jnp.argmax(restricted, -1), d2t.shape[0], dtype=restricted.dtype)
@@ -211,18 +229,16 @@ def drafter_loss(setup: _Setup, cfg: DrafterTrainConfig, params, batch):
   want = jnp.argmax(logits, -1)  # the target's greedy tokens
   in_vocab = jnp.zeros((logits.shape[-1],), bool).at[d2t].set(True)[want]
   steps = cfg.train_steps
-  inputs = feats
-  if cfg.feature_noise:
-    inputs = feats + jax.random.uniform(batch["key"], feats.shape, feats.dtype,
-                                        -cfg.feature_noise, cfg.feature_noise)
+  inputs, noise = feats, cfg.family.noise
+  if noise:
+    inputs = feats + jax.random.uniform(key, feats.shape, feats.dtype, -noise, noise)
   b, t = tokens.shape
-  key = batch.get("key")  # the step's key (absent from a caller's batch: then no anchors)
   starts = setup.family.starts(cfg, None if key is None else jax.random.fold_in(key, 1), b, t)
-  x = learned.DepthInputs(inputs, feats, tokens, frozen["emb"], frozen["head"], starts)
+  x = learned.DepthInputs(inputs, feats, tokens, frozen.emb, frozen.head, starts)
   draft, aux = setup.family.depth_logits(setup.net, params, x, steps, train=True)
   if starts is None:
     starts = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-  total, metrics = aux * cfg.regression_weight, {"aux": aux}
+  total, metrics = aux * cfg.family.aux_weight, {"aux": aux}
   chain = jnp.ones(starts.shape, bool)  # by start: depths so far all agreed (chain_loss)
   for s in range(steps):
     label = starts + s + 1  # the position whose target distribution scores depth s + 1
@@ -257,26 +273,26 @@ def match_counts(hits: list[jax.Array]) -> jax.Array:
   return jnp.stack(out)
 
 
-def agreement(setup: _Setup, depth: int, params, batch) -> jax.Array:
+def agreement(setup: _Setup, depth: int, params, batch: DrafterBatch) -> jax.Array:
   """`match_counts` of the drafter's top-1 against the target's on a batch of rows."""
-  frozen, tokens = batch["frozen"], batch["tokens"]
+  frozen, tokens = batch.frozen, batch.tokens
   feats, logits = _target_view(setup, frozen, tokens)
-  x = learned.DepthInputs(feats, feats, tokens, frozen["emb"], frozen["head"])
+  x = learned.DepthInputs(feats, feats, tokens, frozen.emb, frozen.head)
   draft, _ = setup.family.depth_logits(setup.net, params, x, depth)
   t = tokens.shape[1]
   want = jnp.argmax(logits, -1)
   return match_counts([
-      jnp.take(frozen["d2t"], jnp.argmax(draft[s, :, :t - s - 1], -1)) == want[:, s + 1:]
+      jnp.take(frozen.d2t, jnp.argmax(draft[s, :, :t - s - 1], -1)) == want[:, s + 1:]
       for s in range(depth)])
 
 
-def make_evaluator(setup: _Setup, cfg: DrafterTrainConfig, frozen, rows: np.ndarray):
+def make_evaluator(setup: _Setup, cfg: DrafterTrainConfig, frozen: Frozen, rows: np.ndarray):
   depth = cfg.eval_depth
   score = jax.jit(lambda p, b: agreement(setup, depth, p, b))
   batches = [rows[i:i + cfg.batch_size] for i in range(0, len(rows), cfg.batch_size)]
 
   def evaluate(params) -> dict[str, float]:
-    counts = sum(np.asarray(score(params, {"frozen": frozen, "tokens": jnp.asarray(b)}))
+    counts = sum(np.asarray(score(params, DrafterBatch(frozen, jnp.asarray(b))))
                  for b in batches)
     out = {f"agree_{d + 1}": float(counts[d, 0] / counts[d, 1]) for d in range(depth)}
     # Tau of a depth-`depth` chain judged on held-out text: 1 + sum_d P(depths 1..d all match).
@@ -406,9 +422,9 @@ def train_drafter(cfg: DrafterTrainConfig, *, stop_after: int | None = None,
   layers = taps(cfg, target)
   fam = registry.family(cfg.method)
   net = fam.make_config(target.config, draft_vocab_size=cfg.draft_vocab_size,
-                        num_features=len(layers), **cfg.family_options())
+                        num_features=len(layers), options=cfg.family)
   start = None if cfg.init_from is None else starting_drafter(cfg, target, net, layers)
-  loop.check_run_config(cfg.workdir, cfg)
+  loop.check_run_config(cfg.workdir, cfg, recorded_as=recorded_form)
   t0 = time.perf_counter()
   train_rows, heldout_rows, counts = training_rows(cfg, target, progress)
   data_seconds = time.perf_counter() - t0
@@ -416,21 +432,20 @@ def train_drafter(cfg: DrafterTrainConfig, *, stop_after: int | None = None,
   d2t = learned.draft_vocab_from_counts(counts, cfg.draft_vocab_size) if start is None else (
       np.asarray(start.d2t))
   setup = _Setup(fam, net, target.config, layers)
-  frozen = {
-      "target": target.params, "d2t": jnp.asarray(d2t),
-      "emb": learned.input_embeddings(target.config, target.params),
-      "head": learned.restricted_head(target.config, target.params, d2t)
-      if fam.uses_target_head else None,
-  }
+  frozen = Frozen(target=target.params, d2t=jnp.asarray(d2t),
+                  emb=learned.input_embeddings(target.config, target.params),
+                  head=learned.restricted_head(target.config, target.params, d2t)
+                  if fam.uses_target_head else None)
   params = fam.init_params(net, target, d2t, cfg.seed) if start is None else start.params
   param_shardings = batch_shardings = None
   if mesh is not None:
-    frozen_shardings = {"target": sharding.param_shardings(target.config, target.params, mesh),
-                        **sharding.drafter_shardings({k: v for k, v in frozen.items()
-                                                      if k != "target"}, target.config, mesh)}
+    # The target as `Target.on_mesh` lays it; its pieces as a drafter's leaves of those names.
+    pieces = sharding.drafter_shardings(frozen.replace(target=None), target.config, mesh)
+    frozen_shardings = pieces.replace(
+        target=sharding.param_shardings(target.config, target.params, mesh))
     frozen = sharding.place(frozen, frozen_shardings)
-    batch_shardings = {"frozen": frozen_shardings, "tokens": sharding.batch_sharding(mesh),
-                       "key": sharding.replicated(mesh)}
+    batch_shardings = DrafterBatch(frozen_shardings, sharding.batch_sharding(mesh),
+                                   sharding.replicated(mesh))
     param_shardings = sharding.drafter_shardings(params, target.config, mesh)
   batches = pipeline.TrainBatches(train_rows, cfg.batch_size, cfg.seed)
 
@@ -438,8 +453,8 @@ def train_drafter(cfg: DrafterTrainConfig, *, stop_after: int | None = None,
     for step, b in enumerate(batches.iterate(start), start):
       # The frozen arrays travel with each batch: jit arguments, not compile-time constants.
       # The key is a function of the step, so a resumed run draws the same noise.
-      yield {"frozen": frozen, "tokens": np.concatenate([b["inputs"], b["targets"][:, -1:]], 1),
-             "key": jax.random.fold_in(jax.random.key(cfg.seed), step)}
+      yield DrafterBatch(frozen, np.concatenate([b.inputs, b.targets[:, -1:]], 1),
+                         jax.random.fold_in(jax.random.key(cfg.seed), step))
 
   loop_cfg = loop.LoopConfig(total_steps=cfg.optim.total_steps, log_every=cfg.log_every,
                              eval_every=cfg.eval_every, save_every=cfg.save_every,
@@ -512,9 +527,30 @@ def starting_drafter(cfg: DrafterTrainConfig, target: Target, net, layers: tuple
 
 
 def config_from_metadata(training: dict[str, Any]) -> DrafterTrainConfig:
-  """The `DrafterTrainConfig` a drafter folder's metadata.json records (`"training"`); fields
-  of other versions are ignored."""
-  return config_utils.from_dict(DrafterTrainConfig, training, strict=False)
+  """The `DrafterTrainConfig` a drafter folder's metadata.json records (`"training"`), in the
+  current form (`recorded_form`); fields of other versions are ignored."""
+  return config_utils.from_dict(DrafterTrainConfig, recorded_form(training), strict=False)
+
+
+def _recorded_family(recorded: dict[str, Any]) -> learned.Family | None:
+  method = recorded.get("method")
+  return registry.family(method) if method in registry.families() else None
+
+
+def recorded_form(recorded: dict[str, Any]) -> dict[str, Any]:
+  """A recorded config (a run's settings, a folder's metadata) in the current form. Recorded
+  before the family's options were the `family` group, it held every family's options beside
+  the other fields: its own family's become the group, the others' go (the config refused them
+  away from their defaults)."""
+  fam = _recorded_family(recorded)
+  if fam is None or "family" in recorded:
+    return dict(recorded)
+  ours = learned.option_names(fam.options_cls)
+  every = {n for m in registry.families()
+           for n in learned.option_names(registry.family(m).options_cls)}
+  out = {k: v for k, v in recorded.items() if k not in every}
+  out["family"] = {k: recorded[k] for k in ours if k in recorded}
+  return out
 
 
 def heldout_scores(path: str | os.PathLike, target: Target, **changes) -> dict[str, float]:
@@ -527,18 +563,13 @@ def heldout_scores(path: str | os.PathLike, target: Target, **changes) -> dict[s
   drafter = io.load_drafter(path, target)  # carries its net, params, taps and head
   setup = _Setup(registry.family(cfg.method), drafter.net, target.config,
                  drafter.hidden_layers)
-  frozen = {"target": target.params, "d2t": drafter.d2t, "head": drafter.head,
-            "emb": learned.input_embeddings(target.config, target.params)}
+  frozen = Frozen(target=target.params, d2t=drafter.d2t, head=drafter.head,
+                  emb=learned.input_embeddings(target.config, target.params))
   rows = _heldout(cfg, _corpus_stream(cfg, target, "heldout"))
   return make_evaluator(setup, cfg, frozen, rows)(drafter.params)
 
 
 def taps(cfg: DrafterTrainConfig, target: Target) -> tuple[int, ...]:
-  """The target hidden states the drafter reads: `cfg.target_layers`, else the family's."""
-  if cfg.target_layers is None:
-    return registry.family(cfg.method).default_taps(target.config)
-  n = target.config.num_layers
-  bad = [i for i in cfg.target_layers if not 0 <= i <= n]
-  if bad:
-    raise ValueError(f"target_layers {bad} are outside [0, {n}] (the target has {n} layers)")
-  return tuple(sorted(cfg.target_layers))
+  """The target hidden states the drafter reads: the ones its options name, else the family's
+  (`Family.taps`)."""
+  return registry.family(cfg.method).taps(cfg.family, target.config)

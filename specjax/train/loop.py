@@ -35,7 +35,9 @@ from specjax import sharding
 from specjax.config_utils import flatten, to_dict
 from specjax.train.checkpoint import Checkpointer
 
-LossFn = Callable[[Any, dict[str, jax.Array]], tuple[jax.Array, dict[str, jax.Array]]]
+# (params, batch) -> (loss, metrics). A batch is any pytree of arrays, in the trainers a
+# `flax.struct` dataclass of typed fields (`pipeline.LMBatch`, the drafter trainer's batch).
+LossFn = Callable[[Any, Any], tuple[jax.Array, dict[str, jax.Array]]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,16 +111,21 @@ def check_outputs(workdir: str, export_dir: str | None, overwrite_shipped: bool,
                      "checkpoints: export beside them (the default is <workdir>/export)")
 
 
-def check_run_config(workdir: str, cfg: Any) -> None:
+def check_run_config(workdir: str, cfg: Any, *,
+                     recorded_as: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+                     ) -> None:
   """Records the settings a run starts with (`cfg`, a trainer's config dataclass, less
   NOT_RUN_SETTINGS) in `workdir`, and refuses to resume a run that was started with other ones:
   its checkpoints would continue under another schedule or data, and the result would match
-  neither run."""
+  neither run. `recorded_as`: the trainer's reading of settings recorded in an older form (a
+  run started by an older version resumes), applied before the comparison."""
   settings = {k: v for k, v in to_dict(cfg).items() if k not in NOT_RUN_SETTINGS}
   path = os.path.join(workdir, RUN_CONFIG)
   if os.path.isfile(path):
     with open(path) as f:
       recorded = json.load(f)
+    if recorded_as is not None and isinstance(recorded, dict):
+      recorded = recorded_as(recorded)
     if set(recorded) != set(settings):  # another trainer's run (a target LM's, say)
       theirs = sorted(set(recorded) - set(settings))[:6]
       raise ValueError(f"{workdir} holds a run of another trainer: its settings have fields "
@@ -335,7 +342,7 @@ def _check_batch(batch: Any, batch_shardings: Any, mesh: Mesh) -> None:
 
 
 def train(loss_fn: LossFn, params: Any, tx: optax.GradientTransformation,
-          batches: Callable[[int], Iterator[dict[str, np.ndarray]]], cfg: LoopConfig, *,
+          batches: Callable[[int], Iterator[Any]], cfg: LoopConfig, *,
           workdir: str | None = None, evaluate: Callable[[Any], dict[str, float]] | None = None,
           stop_after: int | None = None, progress: bool = True, desc: str = "train",
           mesh: Mesh | None = None, param_shardings: Any = None,

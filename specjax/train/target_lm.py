@@ -94,20 +94,20 @@ class LMTrainConfig:
     return self.batch_size * self.seq_len // self.long_seq_len
 
 
-def lm_loss(cfg: ModelConfig, params, batch: dict[str, jax.Array]):
+def lm_loss(cfg: ModelConfig, params, batch: pipeline.LMBatch):
   """Mean next-token cross-entropy (nats/token) of `targets` given `inputs`, in float32."""
-  logits = decoder.full_forward(cfg, params, batch["inputs"]).logits.astype(jnp.float32)
-  loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"]).mean()
+  logits = decoder.full_forward(cfg, params, batch.inputs).logits.astype(jnp.float32)
+  loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch.targets).mean()
   return loss, {}
 
 
-def make_evaluator(cfg: ModelConfig, batches: list[dict[str, np.ndarray]]):
+def make_evaluator(cfg: ModelConfig, batches: list[pipeline.LMBatch]):
   """Returns `params -> {"heldout_loss": nats/token}` averaged over all tokens of `batches`."""
-  score = jax.jit(lambda p, b: lm_loss(cfg, p, b)[0] * b["targets"].size)
+  score = jax.jit(lambda p, b: lm_loss(cfg, p, b)[0] * b.targets.size)
 
   def evaluate(params) -> dict[str, float]:
     total = sum(float(score(params, b)) for b in batches)
-    return {"heldout_loss": total / sum(b["targets"].size for b in batches)}
+    return {"heldout_loss": total / sum(b.targets.size for b in batches)}
 
   return evaluate
 

@@ -322,23 +322,23 @@ def _take(it, n):
 
 def test_train_batches_shapes_and_shift():
   batch = next(data.make_train_iterator(_packed(), batch_size=4, seed=0))
-  assert batch['inputs'].shape == batch['targets'].shape == (4, 8)
-  assert batch['inputs'].dtype == batch['targets'].dtype == np.int32
-  np.testing.assert_array_equal(batch['inputs'][:, 1:], batch['targets'][:, :-1])
+  assert batch.inputs.shape == batch.targets.shape == (4, 8)
+  assert batch.inputs.dtype == batch.targets.dtype == np.int32
+  np.testing.assert_array_equal(batch.inputs[:, 1:], batch.targets[:, :-1])
 
 
 def test_train_batches_deterministic_per_seed_and_seeds_differ():
   a = _take(data.make_train_iterator(_packed(), 4, seed=1), 12)
   b = _take(data.make_train_iterator(_packed(), 4, seed=1), 12)
   c = _take(data.make_train_iterator(_packed(), 4, seed=2), 12)
-  assert all(np.array_equal(x['inputs'], y['inputs']) for x, y in zip(a, b))
-  assert not all(np.array_equal(x['inputs'], y['inputs']) for x, y in zip(a, c))
+  assert all(np.array_equal(x.inputs, y.inputs) for x, y in zip(a, b))
+  assert not all(np.array_equal(x.inputs, y.inputs) for x, y in zip(a, c))
 
 
 def test_each_epoch_is_a_new_permutation_of_all_rows():
   packed = _packed()
   def first_tokens(batches):
-    return [int(r) for b in batches for r in b['inputs'][:, 0]]
+    return [int(r) for b in batches for r in b.inputs[:, 0]]
   batches = _take(data.make_train_iterator(packed, 4, seed=3), 12)  # two epochs of 6 steps
   epoch0, epoch1 = first_tokens(batches[:6]), first_tokens(batches[6:])
   assert sorted(epoch0) == sorted(epoch1) == sorted(packed[:, 0].tolist())
@@ -350,15 +350,15 @@ def test_resume_at_step_k_equals_tail_of_uninterrupted_stream():
   full = _take(data.make_train_iterator(_packed(), 5, seed=7), 15)
   resumed = _take(data.make_train_iterator(_packed(), 5, seed=7, start_step=9), 6)
   for x, y in zip(full[9:], resumed):
-    np.testing.assert_array_equal(x['inputs'], y['inputs'])
-    np.testing.assert_array_equal(x['targets'], y['targets'])
+    np.testing.assert_array_equal(x.inputs, y.inputs)
+    np.testing.assert_array_equal(x.targets, y.targets)
 
 
 def test_heldout_batches_are_fixed_and_in_order():
   packed = _packed(num_seqs=10)
   batches = data.heldout_batches(packed, batch_size=4)
-  assert [b['inputs'].shape[0] for b in batches] == [4, 4, 2]
-  np.testing.assert_array_equal(np.concatenate([b['targets'] for b in batches]), packed[:, 1:])
+  assert [b.inputs.shape[0] for b in batches] == [4, 4, 2]
+  np.testing.assert_array_equal(np.concatenate([b.targets for b in batches]), packed[:, 1:])
   assert len(data.heldout_batches(packed, batch_size=4, drop_remainder=True)) == 2
 
 

@@ -117,12 +117,13 @@ def test_block_logits_match_the_training_view(target, tree_drafter, rounds):
 
 
 def perturbed_drafter(target, net_options: dict, **tree_options):
-  """A random-weight DFlash built with `make_config(**net_options)`, every matrix perturbed (the
-  correction's zero-initialised `up` projection too, so a correction is active)."""
+  """A random-weight DFlash built with `make_config` from `DFlashOptions(**net_options)`, every
+  matrix perturbed (the correction's zero-initialised `up` projection too, so a correction is
+  active)."""
   fam = dflash.FAMILY
   taps = fam.default_taps(target.config)
   net = fam.make_config(target.config, draft_vocab_size=D2T.size, num_features=len(taps),
-                        **net_options)
+                        options=dflash.DFlashOptions(**net_options))
   params = learned.init_params(dflash.DFlashNet, net, 0)
   leaves, treedef = jax.tree.flatten(params)
   keys = jax.random.split(jax.random.key(3), len(leaves))
@@ -163,7 +164,7 @@ def test_draft_layers_with_more_kv_heads(target):
                           drafter=drafter).tokens == ar
   with pytest.raises(ValueError, match="num_kv_heads must divide"):
     dflash.FAMILY.make_config(target.config, draft_vocab_size=8, num_features=3,
-                              num_kv_heads=heads + 1)
+                              options=dflash.DFlashOptions(num_kv_heads=heads + 1))
 
 
 def test_corrected_tree_matches_the_training_view(target):
@@ -447,28 +448,29 @@ def test_tree_options_must_fit_the_block(target, options, message):
 def test_block_size_and_mask_row_are_checked(target):
   with pytest.raises(ValueError, match=r"DFlash block_size must be an int >= 2 .*got 1"):
     dflash.DFlashConfig(target.config, block_size=1)
-  with pytest.raises(ValueError, match=r"DFlash block_size must be an int >= 2 .*got 1"):
-    dflash.FAMILY.make_config(target.config, draft_vocab_size=V, num_features=2, block_size=1)
+  with pytest.raises(ValueError, match=r"DFlashOptions\.block_size must be an int >= 2, got 1"):
+    dflash.DFlashOptions(block_size=1)  # what make_config builds from
   with pytest.raises(ValueError, match=rf"mask_token_id {V} is outside the target vocabulary"):
     dflash.FAMILY.make_config(target.config, draft_vocab_size=V, num_features=2,
                               mask_token_id=V)
   net = dflash.FAMILY.make_config(target.config, draft_vocab_size=V, num_features=2,
-                                  block_size=4)
+                                  options=dflash.DFlashOptions(block_size=4))
   x = learned.DepthInputs(None, None, jnp.zeros((1, 8), jnp.int32), None, None)
   with pytest.raises(ValueError, match=r"a block of 4 drafts depths 1\.\.3, asked for 4"):
     dflash.FAMILY.depth_logits(net, None, x, 4)
 
 
 @pytest.mark.parametrize("overrides,message", [
-    (["block_size=1"], r"block_size must be an int >= 2, got '1'"),
+    (["family.block_size=1"], r"block_size must be an int >= 2, got '1'"),
     (["train_steps=8"], r"train_steps and eval_depth must be at most block_size - 1 = 7 .*got 8"),
-    (["block_size=4"], r"must be at most block_size - 1 = 3 .*got 7"),
-    (["num_anchors=256"], r"num_anchors must be in \[1, 255\] for rows of 256 tokens, got 256"),
-    (["num_anchors=-1"], r"num_anchors must be an int >= 0, got '-1'"),
+    (["family.block_size=4"], r"must be at most block_size - 1 = 3 .*got 7"),
+    (["family.num_anchors=256"], r"num_anchors must be in \[1, 255\] for rows of 256 tokens, "
+     r"got 256"),
+    (["family.num_anchors=-1"], r"num_anchors must be an int >= 0, got '-1'"),
     (["source=corpus", "seq_len=32"], r"num_anchors must be in \[1, 31\] for rows of 32 tokens, "
      r"got 64"),
-    (["target_layers=2,2"], r"target_layers must be distinct layer ids"),
-    (["num_heads=3"], r"num_heads is not an option of dflash"),
+    (["family.target_layers=2,2"], r"target_layers must be distinct layer ids"),
+    (["family.num_heads=3"], r"num_heads is not an option of dflash"),
 ])
 def test_bad_training_configs_are_rejected(overrides, message):
   with pytest.raises(ValueError, match=message):
@@ -476,14 +478,14 @@ def test_bad_training_configs_are_rejected(overrides, message):
 
 
 def test_training_taps_must_be_inside_the_target(target):
-  cfg = load_config("configs/dflash_stdlib.py", ["target_layers=1,3"])
+  cfg = load_config("configs/dflash_stdlib.py", ["family.target_layers=1,3"])
   with pytest.raises(ValueError, match=r"target_layers \[3\] are outside \[0, 2\]"):
     train_drafter.taps(cfg, target)
   # A negative id is refused with the config itself, before any target is known.
   with pytest.raises(ValueError, match=r"target_layers\[0\] must be an int >= 0, got '-1'"):
-    load_config("configs/dflash_stdlib.py", ["target_layers=-1,2"])
+    load_config("configs/dflash_stdlib.py", ["family.target_layers=-1,2"])
   assert train_drafter.taps(load_config("configs/dflash_stdlib.py"), target) == (1, 2)
-  assert load_config("configs/dflash_stdlib.py").num_anchors == 64  # the recipe's anchors
+  assert load_config("configs/dflash_stdlib.py").family.num_anchors == 64  # the recipe's anchors
 
 
 @pytest.fixture()
@@ -607,13 +609,14 @@ def test_trainer_scores_exactly_the_drawn_anchors(target):
   b, t, steps = 2, 16, 7
   setup = train_drafter._Setup(dflash.FAMILY, drafter.net, target.config, drafter.hidden_layers)
   emb = learned.target_embedding(target.config, target.params)
-  frozen = {"target": target.params, "d2t": drafter.d2t, "emb": emb, "head": drafter.head}
+  frozen = train_drafter.Frozen(target=target.params, d2t=drafter.d2t, emb=emb,
+                                head=drafter.head)
   tokens = jnp.asarray(np.random.default_rng(0).integers(0, V, (b, t)), jnp.int32)
   key = jax.random.key(11)
-  batch = {"frozen": frozen, "tokens": tokens, "key": key}
+  batch = train_drafter.DrafterBatch(frozen, tokens, key)
 
   def loss(num_anchors):
-    cfg = load_config("configs/dflash_stdlib.py", [f"num_anchors={num_anchors}"])
+    cfg = load_config("configs/dflash_stdlib.py", [f"family.num_anchors={num_anchors}"])
     assert cfg.train_steps == steps
     return jax.jit(lambda p, x: train_drafter.drafter_loss(setup, cfg, p, x))(drafter.params,
                                                                                batch)

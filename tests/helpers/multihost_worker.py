@@ -71,6 +71,7 @@ def train_case(mesh, log=lambda what: None) -> list[float]:
   import optax
 
   from specjax import sharding
+  from specjax.data.pipeline import LMBatch
   from specjax.models import decoder
   from specjax.train import loop
   from specjax.train.target_lm import lm_loss
@@ -84,7 +85,7 @@ def train_case(mesh, log=lambda what: None) -> list[float]:
     for step in range(start, TRAIN_STEPS):
       tokens = np.random.default_rng(step).integers(0, cfg.vocab_size,
                                                     (TRAIN_BATCH, TRAIN_SEQ + 1), np.int32)
-      yield {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
+      yield LMBatch(inputs=tokens[:, :-1], targets=tokens[:, 1:])
 
   result = loop.train(lambda p, b: lm_loss(cfg, p, b), params, optax.adam(3e-3), batches,
                       loop.LoopConfig(total_steps=TRAIN_STEPS, log_every=1), progress=False,

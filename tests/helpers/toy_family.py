@@ -42,10 +42,9 @@ class ToyNet(nnx.Module):
 
 @struct.dataclass
 class ToyChain(learned.LearnedDrafter):
-  net: ToyConfig = struct.field(pytree_node=False, default=None)
+  net: ToyConfig = struct.field(pytree_node=False, kw_only=True)  # required, by keyword
   num_tokens: int = struct.field(pytree_node=False, default=3)
   hidden_layers: tuple[int, ...] = struct.field(pytree_node=False, default=())
-  sampled: bool = struct.field(pytree_node=False, default=False)  # argmax children: one-hot q
 
   @property
   def num_nodes(self) -> int:
@@ -74,7 +73,7 @@ class ToyFamily(learned.Family):
   module = ToyNet
   config_cls = ToyConfig
 
-  def make_config(self, target_cfg, *, draft_vocab_size, num_features, **_):
+  def make_config(self, target_cfg, *, draft_vocab_size, num_features, options=None):
     return ToyConfig(target_cfg.hidden_size)
 
   def depth_logits(self, net, params, x, num_steps, *, train=False):

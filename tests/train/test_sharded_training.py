@@ -21,6 +21,7 @@ from flax import nnx
 from experiments import train_target
 from specjax import assets, sharding
 from specjax.config_utils import load_config, parse_assignment
+from specjax.data.pipeline import LMBatch
 from specjax.models import decoder
 from specjax.models.config import ModelConfig
 from specjax.train import loop
@@ -205,7 +206,7 @@ def test_eagle_drafter_on_a_mesh_matches_one_device(source_dir, data_dir, tiny_t
 def _batches(start: int):
   for step in range(start, 10**6):
     tokens = np.random.default_rng(step).integers(0, CFG.vocab_size, (8, 17)).astype(np.int32)
-    yield {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
+    yield LMBatch(inputs=tokens[:, :-1], targets=tokens[:, 1:])
 
 
 def _tx():
@@ -309,7 +310,7 @@ def test_resume_on_another_mesh_continues_the_run(runs, tmp_path):
 def test_loop_refuses_a_batch_dp_does_not_divide():
   def odd(start):
     for b in _batches(start):
-      yield {k: v[:6] for k, v in b.items()}
+      yield LMBatch(inputs=b.inputs[:6], targets=b.targets[:6])
 
   with pytest.raises(ValueError, match=r"batch_size 6 \(of inputs\) is not a multiple of the "
                                        r"data axis of the mesh \(dp=4,tp=2, dp=4\)"):

@@ -18,7 +18,7 @@ import pytest
 
 import specjax
 from specjax import assets
-from specjax.config_utils import load_config
+from specjax.config_utils import load_config, to_dict
 from specjax.drafters import eagle3, learned
 from specjax.train.drafter import heldout_scores, match_counts, train_drafter
 from tests.helpers.corpora import stdlib_source_dir
@@ -73,7 +73,7 @@ def test_eagle3_resume_after_interruption_is_bitwise_identical(source_dir, targe
 def test_dflash_random_anchors_resume_exactly(source_dir, target, tmp_path):
   """DFlash's random anchors are drawn from the step's key: a run stopped after 3 steps and
   resumed (between checkpoints) ends with the uninterrupted run's parameters bit for bit."""
-  opts = ("source=corpus", "num_anchors=6")
+  opts = ("source=corpus", "family.num_anchors=6")
   straight = train_drafter(_config("dflash", source_dir, tmp_path / "a", *opts), progress=False,
                            target=target)
   cfg = _config("dflash", source_dir, tmp_path / "b", *opts)
@@ -87,11 +87,12 @@ def test_dflash_fine_tuning_may_widen_the_block(source_dir, target, tmp_path):
   """No DFlash parameter depends on the block size (`DFlashFamily.free_fields`): a run with a
   longer block starts from a trained folder's params exactly and trains its new depths, and the
   export drafts that block losslessly. Any other network change is still refused by name."""
-  opts = ("source=corpus", "num_anchors=4", "block_size=4", "train_steps=3", "eval_depth=3")
+  opts = ("source=corpus", "family.num_anchors=4", "family.block_size=4", "train_steps=3",
+          "eval_depth=3")
   base = train_drafter(_config("dflash", source_dir, tmp_path / "b4", *opts), progress=False,
                        target=target)
-  wide = ("source=corpus", "num_anchors=4", "block_size=6", "train_steps=5", "eval_depth=5",
-          f"init_from={base['export_dir']}")
+  wide = ("source=corpus", "family.num_anchors=4", "family.block_size=6", "train_steps=5",
+          "eval_depth=5", f"init_from={base['export_dir']}")
   cfg = _config("dflash", source_dir, tmp_path / "b6", *wide)
   start = train_drafter(cfg, stop_after=0, progress=False, target=target)
   _assert_params_equal(start["params"], base["params"])
@@ -104,7 +105,7 @@ def test_dflash_fine_tuning_may_widen_the_block(source_dir, target, tmp_path):
   assert ours.tokens == specjax.generate(target, prompt, max_new_tokens=24).tokens
   with pytest.raises(ValueError, match=r"another network than this run's options make: "
                                        r"model.num_kv_heads: 8 \(run: 4\)"):
-    train_drafter(_config("dflash", source_dir, tmp_path / "bad", *wide, "num_kv_heads=4"),
+    train_drafter(_config("dflash", source_dir, tmp_path / "bad", *wide, "family.num_kv_heads=4"),
                   progress=False, target=target)
 
 
@@ -164,7 +165,7 @@ def test_drafter_exports_default_to_the_workdir(source_dir, tmp_path):
 def test_feature_noise_is_drawn_per_step_and_resumes_exactly(source_dir, target, tmp_path):
   """EAGLE's feature noise changes what is learned, and its draws are keyed by the step: a run
   stopped after 3 steps and resumed ends with the uninterrupted run's parameters bit for bit."""
-  noisy = ("source=corpus", "feature_noise=0.5")
+  noisy = ("source=corpus", "family.feature_noise=0.5")
   straight = train_drafter(_config("eagle", source_dir, tmp_path / "a", *noisy), progress=False,
                            target=target)
   cfg = _config("eagle", source_dir, tmp_path / "b", *noisy)
@@ -192,7 +193,7 @@ def test_resuming_with_other_settings_is_refused(source_dir, target, tmp_path):
 
 
 # Options a family needs on the tiny rows (DFlash's recipe draws 64 anchors from rows of 256).
-_TINY_OPTIONS = {"dflash": ("num_anchors=8",)}
+_TINY_OPTIONS = {"dflash": ("family.num_anchors=8",)}
 
 
 @pytest.mark.parametrize("method", ["medusa", "hydra", "eagle", "eagle3", "dflash"])
@@ -223,7 +224,7 @@ def test_eagle3_taps_are_configurable(source_dir, target, tmp_path):
   """`target_layers` picks the target states EAGLE-3 fuses (here the top one alone, the tap
   ablation): the fc reads that many features, the export records the taps, and the loaded drafter
   reads them and stays lossless. Taps outside the target are refused before any training."""
-  cfg = _config("eagle3", source_dir, tmp_path / "top", "source=corpus", "target_layers=6")
+  cfg = _config("eagle3", source_dir, tmp_path / "top", "source=corpus", "family.target_layers=6")
   summary = train_drafter(cfg, progress=False, target=target)
   config = json.loads(open(os.path.join(summary["export_dir"], "config.json")).read())
   assert config["hidden_layers"] == [6] and config["net"]["num_features"] == 1
@@ -240,7 +241,7 @@ def test_eagle3_taps_are_configurable(source_dir, target, tmp_path):
   assert ours.tokens == specjax.generate(target, prompt, max_new_tokens=24).tokens
   with pytest.raises(ValueError, match=r"target_layers \[7\] are outside \[0, 6\]"):
     train_drafter(_config("eagle3", source_dir, tmp_path / "bad", "source=corpus",
-                          "target_layers=2,7"), progress=False, target=target)
+                          "family.target_layers=2,7"), progress=False, target=target)
   assert not os.path.exists(tmp_path / "bad")
 
 
@@ -248,7 +249,7 @@ def test_eagle3_frozen_head_keeps_the_targets_head(source_dir, target, tmp_path)
   """`frozen_head` (the head ablation) trains EAGLE-3's layer while its final norm and LM head
   stay the target's, restricted to the draft vocabulary, even under weight decay."""
   summary = train_drafter(_config("eagle3", source_dir, tmp_path / "frozen", "source=corpus",
-                                  "frozen_head=true", "optim.weight_decay=0.1"),
+                                  "family.frozen_head=true", "optim.weight_decay=0.1"),
                           progress=False, target=target)
   params = summary["params"]
   np.testing.assert_array_equal(
@@ -282,8 +283,8 @@ def test_chain_loss_scores_depths_only_along_agreeing_chains(target):
   v, t, steps = target.config.vocab_size, 10, 3
   tokens = jnp.asarray(np.random.default_rng(0).integers(1, v, (1, t)), jnp.int32)
   d2t = jnp.arange(v, dtype=jnp.int32)
-  frozen = {"target": target.params, "d2t": d2t, "head": None,
-            "emb": learned.target_embedding(target.config, target.params)}
+  frozen = D.Frozen(target=target.params, d2t=d2t, head=None,
+                    emb=learned.target_embedding(target.config, target.params))
   logits = np.asarray(D._target_view(setup, frozen, tokens)[1][0])
   want = logits.argmax(-1)
   hits = np.random.default_rng(1).random((steps, t)) < 0.6
@@ -291,7 +292,7 @@ def test_chain_loss_scores_depths_only_along_agreeing_chains(target):
   for s in range(steps):
     for i in range(t - s - 1):  # depth s + 1 from start i drafts the token at i + s + 2
       draft[s, 0, i, want[i + s + 1] if hits[s, i] else (want[i + s + 1] + 1) % v] = 4.0
-  batch = {"frozen": frozen, "tokens": tokens}
+  batch = D.DrafterBatch(frozen, tokens)
   cfg = load_config("configs/eagle3_stdlib.py", ["train_steps=3", "chain_loss=true"])
   _, metrics = D.drafter_loss(setup, cfg, jnp.asarray(draft), batch)
   p = np.exp(logits - logits.max(-1, keepdims=True))
@@ -331,19 +332,19 @@ def test_bad_configs_are_rejected():
     load_config("configs/eagle_stdlib.py", ["source=web"])
   with pytest.raises(ValueError, match=r"feature_noise is not an option of hydra .*read by "
                      r"\['eagle', 'eagle3'\]"):
-    load_config("configs/hydra_stdlib.py", ["feature_noise=0.1"])
+    load_config("configs/hydra_stdlib.py", ["family.feature_noise=0.1"])
   with pytest.raises(ValueError, match="feature_noise must be a float >= 0"):
-    load_config("configs/eagle_stdlib.py", ["feature_noise=-0.1"])
+    load_config("configs/eagle_stdlib.py", ["family.feature_noise=-0.1"])
   with pytest.raises(ValueError, match=r"target_layers is not an option of eagle .*read by "
                      r"\['dflash', 'eagle3'\]"):
-    load_config("configs/eagle_stdlib.py", ["target_layers=3,6"])
+    load_config("configs/eagle_stdlib.py", ["family.target_layers=3,6"])
   with pytest.raises(ValueError, match=r"frozen_head is not an option of eagle .*read by "
                      r"\['eagle3'\]"):
-    load_config("configs/eagle_stdlib.py", ["frozen_head=true"])
+    load_config("configs/eagle_stdlib.py", ["family.frozen_head=true"])
   with pytest.raises(ValueError, match="chain_loss scores depths past the first"):
     load_config("configs/eagle_stdlib.py", ["chain_loss=true"])
   with pytest.raises(ValueError, match="distinct layer ids"):
-    load_config("configs/eagle3_stdlib.py", ["target_layers=6,6"])
+    load_config("configs/eagle3_stdlib.py", ["family.target_layers=6,6"])
 
 
 def test_fine_tuning_starts_from_a_drafter_folder(source_dir, target, tmp_path):
@@ -369,7 +370,7 @@ def test_fine_tuning_starts_from_a_drafter_folder(source_dir, target, tmp_path):
   prompt = [target.encode("def add(a, b):\n    return")]
   ours = specjax.generate(target, prompt, max_new_tokens=24, drafter=drafter)
   assert ours.tokens == specjax.generate(target, prompt, max_new_tokens=24).tokens
-  bad = {"dflash": ("is a eagle3 drafter, this run trains dflash", "num_anchors=8"),
+  bad = {"dflash": ("is a eagle3 drafter, this run trains dflash", "family.num_anchors=8"),
          "eagle3": (r"another network than this run's options make: draft_vocab_size: 512 "
                     r"\(run: 256\)", "draft_vocab_size=256")}
   for method, (message, option) in bad.items():
@@ -380,5 +381,24 @@ def test_fine_tuning_starts_from_a_drafter_folder(source_dir, target, tmp_path):
   with pytest.raises(ValueError, match=r"reads target layers \[2, 4, 6\], this run's taps are "
                                        r"\[1, 3, 5\]"):
     train_drafter(_config("eagle3", source_dir, tmp_path / "bad_taps", "source=corpus",
-                          f"init_from={folder}", "target_layers=1,3,5"), progress=False,
+                          f"init_from={folder}", "family.target_layers=1,3,5"), progress=False,
                   target=target)
+
+
+def test_configs_recorded_in_the_flat_form_are_read(tmp_path):
+  """Settings recorded before a family's options were its `family` group (every family's options
+  beside the other fields) are read in the current form: such a workdir resumes with the same
+  settings and refuses others by name, and such metadata rebuilds the run's config."""
+  from specjax.train import drafter as D
+  from specjax.train import loop
+  cfg = load_config("configs/dflash_stdlib.py", [f"workdir={tmp_path}"])
+  record = to_dict(cfg)
+  flat = {k: v for k, v in record.items() if k != "family"} | record["family"] | {
+      "num_heads": 4, "regression_weight": 1.0, "feature_noise": 0.0, "frozen_head": False}
+  assert D.config_from_metadata(flat) == cfg
+  with open(tmp_path / loop.RUN_CONFIG, "w") as f:
+    json.dump({k: v for k, v in flat.items() if k not in loop.NOT_RUN_SETTINGS}, f)
+  loop.check_run_config(os.fspath(tmp_path), cfg, recorded_as=D.recorded_form)
+  other = dataclasses.replace(cfg, family=dataclasses.replace(cfg.family, num_anchors=32))
+  with pytest.raises(ValueError, match=r"family\.num_anchors: 64 -> 32"):
+    loop.check_run_config(os.fspath(tmp_path), other, recorded_as=D.recorded_form)
