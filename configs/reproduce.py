@@ -7,7 +7,7 @@ Sizes are chosen so that `all` fits in about half an hour on 2 CPU cores (compil
 program per method, tree and batch size, takes much of it); every field can be overridden.
 """
 
-from specjax.reproduce import ReproduceConfig
+from specjax.lab.reproduce import ReproduceConfig
 
 
 def get_config() -> ReproduceConfig:

@@ -15,7 +15,7 @@ import json
 import os
 
 from specjax import cli, distributed, provenance
-from specjax.benchmark import FOOTNOTE, BenchmarkConfig, layout_lines, run
+from specjax.lab.benchmark import FOOTNOTE, BenchmarkConfig, layout_lines, run
 
 
 @cli.usage_errors

@@ -8,13 +8,13 @@
 
 Writes OUT/<table>.md, OUT/<table>.json and OUT/<table>.png (OUT: the config's `out`,
 out/reproduce by default), prints each table and how long it took. What each table shows:
-`specjax.reproduce` and the README's "Reproducing tables".
+`specjax.lab.reproduce` and the README's "Reproducing tables".
 """
 
 from __future__ import annotations
 
 from specjax import cli, distributed
-from specjax.reproduce import TABLES, ReproduceConfig, run
+from specjax.lab.reproduce import TABLES, ReproduceConfig, run
 
 
 @cli.usage_errors

@@ -26,8 +26,8 @@ import json
 import os
 
 from specjax import assets, cli, compile_cache, files, metrics, provenance
-from specjax.benchmark import BenchmarkConfig, sweep_trees
 from specjax.drafters import io, registry
+from specjax.lab.benchmark import BenchmarkConfig, sweep_trees
 
 # The history's recent tokens join the draft vocabulary each round at almost no cost
 # (`recent_tokens`): every candidate gets them.

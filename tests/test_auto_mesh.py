@@ -21,8 +21,8 @@ import pytest
 
 import specjax
 from specjax import assets, cli, distributed, drafters, sharding
-from specjax.benchmark import BenchmarkConfig, run
 from specjax.interop.hf import load_target
+from specjax.lab.benchmark import BenchmarkConfig, run
 from tests.helpers import tiny_targets as tt
 
 

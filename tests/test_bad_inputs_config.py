@@ -13,8 +13,8 @@ import dataclasses
 
 import pytest
 
-from specjax.benchmark import BenchmarkConfig
 from specjax.config_utils import load_config
+from specjax.lab.benchmark import BenchmarkConfig
 from specjax.models.config import ModelConfig
 from specjax.train.optim import OptimConfig
 
@@ -111,7 +111,7 @@ CASES = {
                                   r"takes \['dflash'"),
     "batch_method_unknown": (repro("batch_methods=nope"), r"batch_methods holds 'nope'"),
     "drafter_option_name_of_a_method_not_run": (
-        lambda: __import__("specjax.benchmark", fromlist=["x"]).check_drafter_options(
+        lambda: __import__("specjax.lab.benchmark", fromlist=["x"]).check_drafter_options(
             load_config("configs/benchmark.py", ["drafter_options=medusa.depth=3"]),
             ["autoregressive"]),
         r"drafter option 'medusa\.depth=3': drafter 'medusa' has no option 'depth'; its options: "
@@ -322,7 +322,7 @@ def test_more_bad_configs(case):
 
 
 def test_an_unused_drafter_label_is_refused():
-  from specjax.benchmark import check_drafter_folders
+  from specjax.lab.benchmark import check_drafter_folders
   cfg = load_config("configs/benchmark.py", ["drafter.myeagle=/x", "methods=autoregressive"])
   with pytest.raises(ValueError, match=r"drafter\.myeagle labels a folder the run does not "
                                        r"measure"):

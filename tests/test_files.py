@@ -330,7 +330,7 @@ def test_atomic_dir_falls_back_to_file_by_file_where_the_folder_cannot_move(tmp_
 
 
 def _results_records():
-  from specjax.benchmark import AR, _finish
+  from specjax.lab.benchmark import AR, _finish
   records = []
   for method, draft, verify in ((AR, 0.0, 4.0), ("eagle", 1.0, 6.0)):
     records.append({
@@ -348,7 +348,8 @@ def test_benchmark_results_failing_at_the_second_file_keep_the_previous_results(
                                                                                 monkeypatch):
   """results.json, results.md and the plots are replaced together: a full disk while writing
   results.md leaves the previous results.json parseable and every previous file as it was."""
-  from specjax import benchmark, provenance
+  from specjax import provenance
+  from specjax.lab import benchmark
   cfg = benchmark.BenchmarkConfig(out=str(tmp_path / "out"), datasets=("humaneval",))
   records = _results_records()
   block = provenance.collect(cfg)

@@ -1,4 +1,4 @@
-"""The main job's library entry (`specjax.benchmark.run`) on a small setting: every figure the
+"""The main job's library entry (`specjax.lab.benchmark.run`) on a small setting: every figure the
 table prints is computed, autoregressive is the reference in the same run, outputs agree."""
 
 from __future__ import annotations
@@ -8,8 +8,9 @@ import os
 
 import pytest
 
-from specjax import benchmark, decoding, provenance
-from specjax.benchmark import (
+from specjax import decoding, provenance
+from specjax.lab import benchmark
+from specjax.lab.benchmark import (
     AR,
     MAX_RELATIVE_SPREAD,
     BenchmarkConfig,
@@ -151,7 +152,7 @@ class _Bar:
 def test_running_figures_do_not_pile_up_over_calls():
   """Calls sharing one bar (the reproduce tables' runs) each show their own figures after the
   caller's postfix, and leave that postfix as it was."""
-  from specjax.benchmark import run_methods
+  from specjax.lab.benchmark import run_methods
   from tests.helpers import tiny_targets as tt
   target = tt.greedy_target()
   cfg = BenchmarkConfig(num_prompts=2, max_new_tokens=4)
@@ -281,9 +282,9 @@ def test_paper_configs_run_on_tiny_checkpoints(tmp_path):
   user with the real weights takes runs, and the template switch (enable_thinking=false) reaches
   the chat template."""
   import specjax
-  from specjax.benchmark import build_drafter
   from specjax.config_utils import load_config
   from specjax.drafters import io
+  from specjax.lab.benchmark import build_drafter
   from tests.helpers import tiny_targets as tt
   from tests.interop import test_formats_dflash as published
   folder = _user_checkpoint(tmp_path / "user_model")
@@ -302,7 +303,7 @@ def test_paper_configs_run_on_tiny_checkpoints(tmp_path):
       f"target={folder}", f"drafter.dflash={dflash_dir}", f"drafter.dflash_tree={dflash_dir}",
       f"prompts={prompts}", "methods=autoregressive,dflash_tree", "num_prompts=2",
       "max_new_tokens=8", "profile_repeats=1", "dtype=float32", f"out={tmp_path / 'out'}"])
-  from specjax.benchmark import load_prompts
+  from specjax.lab.benchmark import load_prompts
   rows = load_prompts(target, str(prompts), cfg)
   assert rows[0][:2] == target.encode("<|im_start|><|im_start|>", add_special_tokens=False)
   records = run(cfg)

@@ -12,7 +12,7 @@ import pytest
 
 from specjax import drafters
 from specjax.config_utils import load_config
-from specjax.reproduce import TABLES, expected_tokens, per_token_acceptance, run
+from specjax.lab.reproduce import TABLES, expected_tokens, per_token_acceptance, run
 from tests.helpers import tiny_targets as tt
 
 METHODS = ("autoregressive", "prompt_lookup", "eagle")
@@ -24,7 +24,7 @@ def _folders(root):
   that transformers' assisted generation runs the same rounds as specjax's draft LM."""
   import specjax
   from specjax.drafters import io
-  from tests.test_benchmark import _user_checkpoint
+  from tests.lab.test_benchmark import _user_checkpoint
   target_dir = _user_checkpoint(root / "target")
   target = specjax.load_target(str(target_dir), dtype="float32")
   io.export_drafter(root / "eagle", tt.learned_drafter("eagle", target), target, "eagle")

@@ -2,8 +2,8 @@
 library, each from one command, on the embedded default or any target and drafters a config
 names (the benchmark's fields: `target`, `drafter.<method>`, `datasets`, `prompts`, ...).
 
-Every table measures through `specjax.benchmark.run_methods` (warm-up, interleaved methods, AR in
-the same run), so its figures mean what the benchmark's mean. Within one process the runs are
+Every table measures through `specjax.lab.benchmark.run_methods` (warm-up, interleaved methods,
+AR in the same run), so its figures mean what the benchmark's mean. Within one process the runs are
 kept (`Session.measure`): `all` measures a configuration once when several tables show it.
 
   methods  tau and speedup of every method per dataset, T = 0 and T = 1, batch 1 (Spec-Bench /
@@ -39,7 +39,9 @@ from specjax import (
   metrics,
   provenance,
 )
-from specjax.benchmark import (
+from specjax.config_utils import NonEmpty, NonEmptyStr, NonNegFloat, NonNegInt, PosInt, config
+from specjax.drafters import registry
+from specjax.lab.benchmark import (
   AR,
   BenchmarkConfig,
   add_speedups,
@@ -55,8 +57,6 @@ from specjax.benchmark import (
   run_methods,
   unreliable_timings,
 )
-from specjax.config_utils import NonEmpty, NonEmptyStr, NonNegFloat, NonNegInt, PosInt, config
-from specjax.drafters import registry
 from specjax.sharding import describe
 
 # The deepest level of the trees of the budget table: the shipped DFlash block's 7 drafted
