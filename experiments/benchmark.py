@@ -36,8 +36,8 @@ def main(argv=None):
     print("\n".join(layout_lines(saved["layout"])))
   if cfg.profile:
     print(FOOTNOTE)
-  bad = [f"{r['method']}/{r['dataset']}" for r in records
-         if cfg.temperature == 0 and not r["matches_autoregressive"]]
+  bad = [f"{r.method}/{r.dataset}" for r in records
+         if cfg.temperature == 0 and not r.matches_autoregressive]
   if bad:
     print(f"WARNING: greedy outputs differ from autoregressive for {bad}")
   print(f"results in {cfg.out}/results.json, results.md, acceptance_by_depth.png, speedup.png")

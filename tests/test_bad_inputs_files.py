@@ -421,10 +421,10 @@ def test_chat_template_refuses_a_switch_it_does_not_read():
 
 def test_the_table_header_says_what_ran():
   from specjax.lab.benchmark import dataset_table
+  from tests.helpers.records import record as method_record
   cfg = BenchmarkConfig(num_prompts=16, max_prompt_tokens=256, profile=False)
-  record = {"dataset": "stdlib_heldout", "method": "autoregressive", "tau": 1.0,
-            "tokens_per_second": 1.0, "speedup": 1.0, "target_calls": 1,
-            "prompt_set": {"prompts": 5, "available": 5, "empty_skipped": 1, "truncated": 3}}
+  record = method_record(dataset="stdlib_heldout", speedup=1.0, prompt_set={
+      "prompts": 5, "available": 5, "empty_skipped": 1, "truncated": 3})
   assert dataset_table([record], cfg)[0] == (
       "### stdlib_heldout (T=0.0, 5 prompts (of 16 asked: the dataset has 5) x 128 new tokens, "
       "batch 1; 1 empty prompt(s) skipped, 3 cut to their last 256 tokens)")

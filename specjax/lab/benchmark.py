@@ -45,19 +45,21 @@ from specjax.drafters.io import check_tree_options, load_drafter
 from specjax.interop.hf import load_target
 from specjax.interop.tokenizer import ChatTemplate
 from specjax.lab.phases import profile_phases
+from specjax.lab.records import (
+  AR,
+  MAX_RELATIVE_SPREAD,
+  PHASES,
+  SCHEMA_VERSION,
+  MethodRecord,
+  PhaseTimings,
+  add_speedups,
+  finish,
+)
 from specjax.rounds import PREFILL_CHUNK, prefill_chunks
 from specjax.sampling import SamplingConfig
 from specjax.sharding import AUTO as AUTO_MESH
 from specjax.sharding import bytes_per_device, check_mesh_spec, describe, mesh_spec
 from specjax.target import Target
-
-AR = "autoregressive"
-PHASES = ("t_prefill", "t_draft", "t_verify")
-# A phase timing whose spread across trials (max - min of the per-trial estimates) exceeds this
-# fraction of its estimate is marked unreliable, as is one that is not positive: on a shared
-# machine a difference of two noisy loop timings can come out at or below zero.
-MAX_RELATIVE_SPREAD = 0.5
-
 
 DATASETS = ("humaneval", "stdlib_heldout", "stdlib_docstrings")
 DTYPES = Literal["float32", "bfloat16", "float16"]
@@ -225,7 +227,7 @@ class RunMemo:
   padded length, new tokens, sampling), and the (setup, batch size) pairs whose program already
   ran, which need no warm-up again."""
 
-  phases: dict[tuple, dict[str, float]] = dataclasses.field(default_factory=dict)
+  phases: dict[tuple, PhaseTimings] = dataclasses.field(default_factory=dict)
   warm: set[tuple] = dataclasses.field(default_factory=set)
 
 
@@ -233,7 +235,7 @@ def run_methods(target: Target, runs: Sequence[tuple[str, dict[str, Any] | None]
                 prompts: Sequence[list[int]], cfg: BenchmarkConfig, bar=None, *,
                 repeats: int = 1, profile: bool = True, batch_size: int = 1,
                 memo: RunMemo | None = None, pad_to: int | None = None
-                ) -> list[dict[str, Any]]:
+                ) -> list[MethodRecord]:
   """Each (method, builder options or None for the config's) on every prompt.
 
   The runs are interleaved prompt by prompt (prompt 0 with every method, then prompt 1, ...), so
@@ -303,27 +305,26 @@ def run_methods(target: Target, runs: Sequence[tuple[str, dict[str, Any] | None]
   records = []
   for (method, drafter, _, setup_key), a in zip(setups, acc):
     alpha = metrics.acceptance_by_depth(a["hist"])  # None where never reached (JSON)
-    phases = {}
+    phases = None
     if profile:
       reused = setup_key in memo.phases
       if not reused:
         if bar is not None:  # the bar counts the timed runs: say what runs after them
           show(so_far, f"timing {method}'s phases")
         memo.phases[setup_key] = phase_timings(target, drafter, prompts[:1], cfg, pad_to)
-      phases = {**memo.phases[setup_key], "phases_reused": reused}
-    records.append({
-        "method": method, "tau": metrics.tau(a["tokens"], a["calls"]),
-        "tokens_per_second": repeats * a["tokens"] / sum(a["walls"]),
-        "tokens_per_second_repeats": [a["tokens"] / w for w in a["walls"]],
-        "target_calls": a["calls"], "new_tokens": a["tokens"], "wall_seconds": a["walls"][0],
-        "acceptance_by_depth": alpha, "accepted_by_depth": a["hist"].tolist(),
-        "batch_size": batch_size, "outputs": a["outputs"], "prompts": len(prompts),
-        "prefill_chunks": sum(max(prefill_chunks(len(p), pad_to) for p in group)
-                              for group in groups),
-        "draft_nodes": 0 if drafter is None else drafter.num_nodes,
-        **phases,
-        **({} if target.mesh is None or drafter is None
-           else {"param_bytes": param_bytes(drafter, target.mesh)})})
+      phases = dataclasses.replace(memo.phases[setup_key], phases_reused=reused)
+    records.append(MethodRecord(
+        method=method, tau=metrics.tau(a["tokens"], a["calls"]),
+        tokens_per_second=repeats * a["tokens"] / sum(a["walls"]),
+        tokens_per_second_repeats=[a["tokens"] / w for w in a["walls"]],
+        target_calls=a["calls"], new_tokens=a["tokens"], wall_seconds=a["walls"][0],
+        acceptance_by_depth=alpha, accepted_by_depth=a["hist"].tolist(),
+        batch_size=batch_size, outputs=a["outputs"], prompts=len(prompts),
+        prefill_chunks=sum(max(prefill_chunks(len(p), pad_to) for p in group)
+                           for group in groups),
+        draft_nodes=0 if drafter is None else drafter.num_nodes, phases=phases,
+        param_bytes=None if target.mesh is None or drafter is None
+        else param_bytes(drafter, target.mesh)))
   if bar is not None:
     bar.set_postfix_str(base_postfix)  # the caller's postfix: a later call starts from it
   return records
@@ -350,14 +351,15 @@ def running_figures(methods: Sequence[str], acc: Sequence[dict[str, Any]]) -> st
 
 
 def phase_timings(target: Target, drafter, prompts: Sequence[list[int]], cfg: BenchmarkConfig,
-                  pad_to: int) -> dict[str, float]:
-  """`profile_phases` of one method as record fields (`t_draft_ms`, `t_draft_spread_ms`, ...)."""
+                  pad_to: int) -> PhaseTimings:
+  """`profile_phases` of one method in ms, as a record holds them."""
   phases = profile_phases(target, prompts, drafter=drafter, repeats=cfg.profile_repeats,
                           max_new_tokens=cfg.max_new_tokens, pad_to=pad_to,
                           sampling=SamplingConfig(cfg.temperature, cfg.top_k, cfg.top_p))
-  return {**{f"{name}_ms": phases[name] * 1e3 for name in PHASES},
-          **{f"{name}_spread_ms": phases[f"{name}_spread"] * 1e3 for name in PHASES},
-          "prefill_chunks_timed": max(prefill_chunks(len(p), pad_to) for p in prompts)}
+  return PhaseTimings(
+      **{f"{name}_ms": phases[name] * 1e3 for name in PHASES},
+      **{f"{name}_spread_ms": phases[f"{name}_spread"] * 1e3 for name in PHASES},
+      prefill_chunks_timed=max(prefill_chunks(len(p), pad_to) for p in prompts))
 
 
 def build_drafter(method: str, target: Target, cfg: BenchmarkConfig, options: dict[str, Any]):
@@ -383,76 +385,15 @@ def param_bytes(tree: Any, mesh) -> dict[str, int]:
           "one_copy": sum(int(x.size) * x.dtype.itemsize for x in leaves)}
 
 
-def layout(target: Target, records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def layout(target: Target, records: Sequence[MethodRecord]) -> dict[str, Any]:
   """The mesh of a run and the parameter bytes per device of the target and of each drafter
   (from the records of `run_methods`), for results.json and `markdown`."""
   by_method = {"target": param_bytes(target.params, target.mesh)}
   for r in records:
-    if "param_bytes" in r:
-      by_method.setdefault(r["method"], r["param_bytes"])
+    if r.param_bytes is not None:
+      by_method.setdefault(r.method, r.param_bytes)
   return {"mesh": describe(target.mesh), "mesh_spec": mesh_spec(target.mesh),
           "param_bytes": by_method}
-
-
-def unreliable_timings(r: dict[str, Any]) -> list[str]:
-  """The phase timings of a record that cannot be trusted: an estimate that is not positive, or
-  whose spread across trials exceeds MAX_RELATIVE_SPREAD of it. A method without a drafter has
-  no draft phase (t_draft is 0 by definition), so only its other phases are judged."""
-  bad = []
-  for name in PHASES:
-    if name == "t_draft" and not r["draft_nodes"]:
-      continue
-    est, spread = r[f"{name}_ms"], r[f"{name}_spread_ms"]
-    if est <= 0 or spread > MAX_RELATIVE_SPREAD * est:
-      bad.append(name)
-  return bad
-
-
-def _ratio(a: float, b: float) -> float | None:
-  """a / b, or None (JSON null) where a timing difference left b not positive."""
-  return a / b if b > 0 else None
-
-
-def add_speedups(records: list[dict[str, Any]]) -> dict[str, Any]:
-  """Adds to each record of one run its speedup over the run's AR record (overall and per
-  repeat) and whether its outputs equal AR's; returns the AR record."""
-  ar = next(r for r in records if r["method"] == AR)
-  for r in records:
-    r["speedup"] = r["tokens_per_second"] / ar["tokens_per_second"]
-    r["speedup_repeats"] = [a / b for a, b in zip(r["tokens_per_second_repeats"],
-                                                  ar["tokens_per_second_repeats"])]
-    r["matches_autoregressive"] = r["outputs"] == ar["outputs"]
-  return ar
-
-
-def _prefills(r: dict[str, Any]) -> float:
-  """ms of every prefill of a record's run: its timed prefill per chunk, times the run's chunks."""
-  return r["t_prefill_ms"] * r["prefill_chunks"] / r["prefill_chunks_timed"]
-
-
-def _finish(records: list[dict[str, Any]]) -> None:
-  """Adds speedup, drafting share, ideal speedup and loop efficiency relative to AR, and which
-  figures are unreliable (`unreliable_figures`; `unreliable` when any is)."""
-  ar = add_speedups(records)
-  t_ar = ar["t_verify_ms"]
-  ar_bad = [f"autoregressive {name}" for name in unreliable_timings(ar)]
-  for r in records:
-    round_ms = r["t_draft_ms"] + r["t_verify_ms"]
-    r["draft_share"] = _ratio(r["t_draft_ms"], round_ms)
-    r["ideal_speedup"] = _ratio(r["tau"] * t_ar, round_ms)
-    # End to end both pay a prefill per prompt: AR then one step per further token, the method
-    # its rounds. The prefill, timed alone on one prompt, is scaled to each prompt by its number
-    # of prefill chunks (`rounds.prefill_chunks`). The loop is judged against this bound.
-    n = len(r["outputs"])
-    ar_ms = _prefills(ar) + (ar["new_tokens"] - n) * t_ar
-    r["ideal_speedup_e2e"] = _ratio(ar_ms, _prefills(r) + (r["target_calls"] - n) * round_ms)
-    r["loop_efficiency"] = _ratio(r["speedup"], r["ideal_speedup_e2e"] or 0.0)
-    bad = unreliable_timings(r) + ([] if r is ar else ar_bad)
-    # Above 100% the measured run beat its own bound: the bound's timings were off.
-    if r["loop_efficiency"] is None or r["loop_efficiency"] > 1.0:
-      bad.append("loop_efficiency")
-    r["unreliable_figures"] = bad
-    r["unreliable"] = bool(bad)
 
 
 def _cell(value: float | None, spec: str, unreliable: bool, spread: float | None = None,
@@ -491,7 +432,7 @@ FOOTNOTE = (f"± is the spread (max - min) of a timing across trials; `?` marks 
             f"chunks.")
 
 
-def markdown(records: list[dict[str, Any]], cfg: BenchmarkConfig,
+def markdown(records: Sequence[MethodRecord], cfg: BenchmarkConfig,
              provenance_line: str | None = None, mesh_layout: dict[str, Any] | None = None
              ) -> str:
   """The results table per dataset. Timings show their spread across trials (±); a `?` marks a
@@ -499,18 +440,18 @@ def markdown(records: list[dict[str, Any]], cfg: BenchmarkConfig,
   (a run on a mesh: `layout`) the mesh and the parameter bytes per device come first."""
   lines = [f"Measured with {provenance_line}", ""] if provenance_line else []
   lines += layout_lines(mesh_layout) if mesh_layout else []
-  for dataset in dict.fromkeys(r["dataset"] for r in records):
-    lines += dataset_table([r for r in records if r["dataset"] == dataset], cfg) + [""]
+  for dataset in dict.fromkeys(r.dataset for r in records):
+    lines += dataset_table([r for r in records if r.dataset == dataset], cfg) + [""]
   return "\n".join(lines + ([FOOTNOTE, ""] if cfg.profile else []))
 
 
-def prompts_ran(record: dict[str, Any], cfg: BenchmarkConfig) -> tuple[str, str]:
+def prompts_ran(record: MethodRecord, cfg: BenchmarkConfig) -> tuple[str, str]:
   """The prompts a record's run decoded, as its table's header says: how many (of how many the
   config asked for, when the dataset had fewer), and a note of the empty ones skipped and of
   how many were cut ('' when none)."""
-  info = record.get("prompt_set")
+  info = record.prompt_set
   if info is None:  # records of a caller that chose its own prompts
-    return f"{record.get('prompts', cfg.num_prompts)} prompts", ""
+    return f"{record.prompts} prompts", ""
   count = f"{info['prompts']} prompts"
   if info["prompts"] < cfg.num_prompts:
     count += f" (of {cfg.num_prompts} asked: the dataset has {info['available']})"
@@ -522,17 +463,17 @@ def prompts_ran(record: dict[str, Any], cfg: BenchmarkConfig) -> tuple[str, str]
   return count, ", ".join(notes)
 
 
-def dataset_table(records: list[dict[str, Any]], cfg: BenchmarkConfig) -> list[str]:
-  """The Markdown lines of one dataset's table (its records, finished by `_finish`; without
+def dataset_table(records: Sequence[MethodRecord], cfg: BenchmarkConfig) -> list[str]:
+  """The Markdown lines of one dataset's table (its records, finished by `finish`; without
   `cfg.profile`, by `add_speedups`: no phase columns)."""
   count, notes = prompts_ran(records[0], cfg)
-  lines = [f"### {records[0]['dataset']} (T={cfg.temperature}, {count} x {cfg.max_new_tokens} "
+  lines = [f"### {records[0].dataset} (T={cfg.temperature}, {count} x {cfg.max_new_tokens} "
            f"new tokens, batch 1{'; ' + notes if notes else ''})", ""]
   header = ["method", "tau", "tokens/s", "speedup", "target calls"]
 
-  def measured(r: dict[str, Any]) -> list[Any]:
-    return [r["method"], f"{r['tau']:.2f}", f"{r['tokens_per_second']:.1f}",
-            f"{r['speedup']:.2f}x", r["target_calls"]]
+  def measured(r: MethodRecord) -> list[Any]:
+    return [r.method, f"{r.tau:.2f}", f"{r.tokens_per_second:.1f}", f"{r.speedup:.2f}x",
+            r.target_calls]
 
   if not cfg.profile:
     return lines + metrics.markdown_table(header, [measured(r) for r in records])
@@ -540,20 +481,21 @@ def dataset_table(records: list[dict[str, Any]], cfg: BenchmarkConfig) -> list[s
       header + ["draft ms/round", "verify ms/round", "prefill ms", "drafting share",
                 "ideal (decode)", "ideal (with prefill)", "loop efficiency", "unreliable"])
   for r in records:
-    bad = set(r["unreliable_figures"])
+    p, f = r.phases, r.figures
+    bad = set(f.unreliable_figures)
     own = {name: name in bad for name in PHASES}
     ar_bad = {name: f"autoregressive {name}" in bad for name in PHASES}
     decode = own["t_draft"] or own["t_verify"] or ar_bad["t_verify"]  # tau x t_AR / round
     e2e = decode or own["t_prefill"] or ar_bad["t_prefill"]
     lines.append(metrics.markdown_row(measured(r) + [
-        _cell(r["t_draft_ms"], ".2f", own["t_draft"], r["t_draft_spread_ms"]),
-        _cell(r["t_verify_ms"], ".2f", own["t_verify"], r["t_verify_spread_ms"]),
-        _cell(r["t_prefill_ms"], ".1f", own["t_prefill"], r["t_prefill_spread_ms"]),
-        _cell(r["draft_share"], ".0%", decode),
-        _cell(r["ideal_speedup"], ".2f", decode, unit="x"),
-        _cell(r["ideal_speedup_e2e"], ".2f", e2e, unit="x"),
-        _cell(r["loop_efficiency"], ".0%", e2e or "loop_efficiency" in bad),
-        ", ".join(r["unreliable_figures"]) or "-"]))
+        _cell(p.t_draft_ms, ".2f", own["t_draft"], p.t_draft_spread_ms),
+        _cell(p.t_verify_ms, ".2f", own["t_verify"], p.t_verify_spread_ms),
+        _cell(p.t_prefill_ms, ".1f", own["t_prefill"], p.t_prefill_spread_ms),
+        _cell(f.draft_share, ".0%", decode),
+        _cell(f.ideal_speedup, ".2f", decode, unit="x"),
+        _cell(f.ideal_speedup_e2e, ".2f", e2e, unit="x"),
+        _cell(f.loop_efficiency, ".0%", e2e or "loop_efficiency" in bad),
+        ", ".join(f.unreliable_figures) or "-"]))
   return lines
 
 
@@ -564,19 +506,19 @@ def pyplot():
   return plt
 
 
-def plot_acceptance(records: list[dict[str, Any]], path: str,
+def plot_acceptance(records: Sequence[MethodRecord], path: str,
                     group: files.FileGroup | None = None) -> str:
   """Acceptance rate by draft depth, one panel per dataset and one line per method; saved
   atomically, or staged in `group` (`files.atomic_group`) to be replaced with its files."""
   plt = pyplot()
-  datasets = list(dict.fromkeys(r["dataset"] for r in records))
+  datasets = list(dict.fromkeys(r.dataset for r in records))
   fig, axes = plt.subplots(1, len(datasets), figsize=(6 * len(datasets), 4), squeeze=False)
   for ax, dataset in zip(axes[0], datasets):
     for r in records:
-      alpha = r["acceptance_by_depth"]
-      if r["dataset"] == dataset and alpha:
+      alpha = r.acceptance_by_depth
+      if r.dataset == dataset and alpha:
         ax.plot(range(1, len(alpha) + 1), [np.nan if a is None else a for a in alpha],
-                marker="o", label=r["method"])
+                marker="o", label=r.method)
     ax.set(title=f"acceptance rate by depth: {dataset}", xlabel="draft depth d",
            ylabel="P(accept d | accepted d-1)", ylim=(0, 1.05))
     if ax.get_legend_handles_labels()[0]:
@@ -591,24 +533,24 @@ def plot_acceptance(records: list[dict[str, Any]], path: str,
   return path
 
 
-def plot(records: list[dict[str, Any]], out: str, group: files.FileGroup | None = None
+def plot(records: Sequence[MethodRecord], out: str, group: files.FileGroup | None = None
          ) -> list[str]:
   """acceptance_by_depth.png and speedup.png in `out` (atomically, or staged in `group`)."""
   plt = pyplot()
   paths = [plot_acceptance(records, os.path.join(out, "acceptance_by_depth.png"), group)]
-  datasets = list(dict.fromkeys(r["dataset"] for r in records))
+  datasets = list(dict.fromkeys(r.dataset for r in records))
   fig, axes = plt.subplots(1, len(datasets), figsize=(6 * len(datasets), 4), squeeze=False)
   for ax, dataset in zip(axes[0], datasets):
-    rows = [r for r in records if r["dataset"] == dataset]
+    rows = [r for r in records if r.dataset == dataset]
     x = np.arange(len(rows))
-    profiled = "ideal_speedup" in rows[0]  # phase timings were measured
+    profiled = rows[0].figures is not None  # phase timings were measured
     width = 0.4 if profiled else 0.8
-    ax.bar(x - 0.2 if profiled else x, [r["speedup"] for r in rows], width, label="measured")
+    ax.bar(x - 0.2 if profiled else x, [r.speedup for r in rows], width, label="measured")
     if profiled:
-      ax.bar(x + 0.2, [np.nan if r["ideal_speedup"] is None else r["ideal_speedup"]
+      ax.bar(x + 0.2, [np.nan if r.figures.ideal_speedup is None else r.figures.ideal_speedup
                         for r in rows], width, label="ideal (tau x t_AR / t_round)")
     ax.axhline(1.0, color="k", lw=0.8)
-    ax.set_xticks(x, [r["method"] for r in rows], rotation=30, ha="right")
+    ax.set_xticks(x, [r.method for r in rows], rotation=30, ha="right")
     ax.set(title=f"speedup vs autoregressive: {dataset}", ylabel="x")
     ax.legend()
   fig.tight_layout()
@@ -675,7 +617,7 @@ def check_drafter_options(cfg: BenchmarkConfig, methods: Sequence[str]) -> None:
 
 
 def run(cfg: BenchmarkConfig, report: Callable[[str], None] | None = None
-        ) -> list[dict[str, Any]]:
+        ) -> list[MethodRecord]:
   """Every method on every dataset; writes results.json, results.md and the plots to `cfg.out`.
   `report` (e.g. `print`) receives each dataset's table as soon as that dataset is done."""
   if distributed.is_main_process():  # before measuring
@@ -692,11 +634,11 @@ def run(cfg: BenchmarkConfig, report: Callable[[str], None] | None = None
   with tqdm(total=total, desc="benchmark", dynamic_ncols=True) as bar:
     for dataset, rows in prompts.items():
       bar.set_postfix(dataset=dataset)
-      group = [dict(r, dataset=dataset, prompt_set=sets[dataset].summary())
+      group = [dataclasses.replace(r, dataset=dataset, prompt_set=sets[dataset].summary())
                for r in run_methods(target, [(m, None) for m in methods], rows, cfg, bar,
                                     profile=cfg.profile, memo=memo, pad_to=pad_to)]
       if cfg.profile:
-        _finish(group)
+        finish(group)
       else:
         add_speedups(group)
       records += group
@@ -710,7 +652,7 @@ def run(cfg: BenchmarkConfig, report: Callable[[str], None] | None = None
   return records
 
 
-def write_results(cfg: BenchmarkConfig, records: list[dict[str, Any]], block: dict[str, Any],
+def write_results(cfg: BenchmarkConfig, records: Sequence[MethodRecord], block: dict[str, Any],
                   mesh_layout: dict[str, Any] | None = None) -> list[str]:
   """results.json, results.md and the plots in `cfg.out`, replaced together
   (`files.atomic_group`): a failure while writing any of them (a full disk) leaves the previous
@@ -721,7 +663,8 @@ def write_results(cfg: BenchmarkConfig, records: list[dict[str, Any]], block: di
     # allow_nan=False: the file stays valid JSON (undefined ratios are null, never NaN).
     paths = [group.write_json(
         os.path.join(out, "results.json"),
-        {"config": config_utils.to_dict(cfg), "provenance": block, "records": records,
+        {"schema_version": SCHEMA_VERSION, "config": config_utils.to_dict(cfg),
+         "provenance": block, "records": [r.to_json() for r in records],
          **({} if mesh_layout is None else {"layout": mesh_layout})},
         indent=1, allow_nan=False)]
     paths.append(group.write_text(os.path.join(out, "results.md"),
@@ -731,7 +674,7 @@ def write_results(cfg: BenchmarkConfig, records: list[dict[str, Any]], block: di
 
 
 def sweep_trees(method: str, candidates: Sequence[dict[str, Any]], cfg: BenchmarkConfig
-                ) -> list[dict[str, Any]]:
+                ) -> list[MethodRecord]:
   """Measures `method` with each tree option set beside AR on the same prompts (cfg.datasets,
   e.g. held-out stdlib files: tune on data the benchmark table does not report)."""
   target = configured_target(cfg)
@@ -739,9 +682,9 @@ def sweep_trees(method: str, candidates: Sequence[dict[str, Any]], cfg: Benchmar
   with tqdm(total=len(prompts) * (len(candidates) + 1), desc=f"sweep {method}",
             dynamic_ncols=True) as bar:
     runs = [(AR, {})] + [(method, dict(options)) for options in candidates]
-    records = [dict(r, options=options) for r, (_, options)
+    records = [dataclasses.replace(r, options=options) for r, (_, options)
                in zip(run_methods(target, runs, prompts, cfg, bar), runs)]
-  _finish(records)
+  finish(records)
   return records
 
 

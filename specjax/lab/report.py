@@ -30,20 +30,19 @@ def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
   return [*metrics.markdown_table(header, rows), ""]
 
 
-def speedup_cell(r: dict[str, Any]) -> str:
-  """A record's speedup as the mean ± spread of its timed passes."""
-  s = r["speedup_repeats"]
-  return f"{np.mean(s):.2f}x ±{spread(s):.2f}"
+def speedup_cell(repeats: Sequence[float]) -> str:
+  """A speedup as the mean ± spread of its timed passes."""
+  return f"{np.mean(repeats):.2f}x ±{spread(repeats):.2f}"
 
 
-def mark(r: dict[str, Any]) -> str:
-  """` ?` after a figure of a record with an unreliable figure, else nothing."""
-  return " ?" if r["unreliable_figures"] else ""
+def mark(unreliable: bool | Sequence[str]) -> str:
+  """` ?` after a figure that is unreliable or rests on one (a non-empty list of them)."""
+  return " ?" if unreliable else ""
 
 
-def ms(r: dict[str, Any], phase: str) -> str:
+def ms(value: float, unreliable: bool) -> str:
   """A phase's ms per round, `?` when `unreliable_timings` says it cannot be trusted."""
-  return f"{r[f'{phase}_ms']:.2f}" + (" ?" if phase in r["unreliable_figures"] else "")
+  return f"{value:.2f}" + mark(unreliable)
 
 
 def save(fig, path: str, group: files.FileGroup | None = None) -> str:

@@ -20,6 +20,7 @@ import numpy as np
 from specjax import config_utils, decoding, distributed, files, provenance
 from specjax.config_utils import NonEmpty, NonEmptyStr, PosInt, config
 from specjax.lab.benchmark import BenchmarkConfig
+from specjax.lab.records import SCHEMA_VERSION
 from specjax.lab.session import Result, Session
 from specjax.lab.tables import TABLES
 from specjax.lab.tables.batch import BatchTable
@@ -103,7 +104,8 @@ def write(name: str, result: Result, cfg: ReproduceConfig, block: dict[str, Any]
   with files.atomic_group() as group:
     group.write_text(md, f"Measured with {provenance.header(block)}\n\n{result.markdown}\n"
                      f"Table time: {seconds:.0f} s.\n")
-    group.write_json(js, {"table": name, "config": config_utils.to_dict(cfg),
+    group.write_json(js, {"table": name, "schema_version": SCHEMA_VERSION,
+                          "config": config_utils.to_dict(cfg),
                           "provenance": block, "seconds": seconds, **result.payload},
                      indent=1, allow_nan=False)
   return [md, js]

@@ -8,6 +8,7 @@ tables show it.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import json
@@ -17,9 +18,7 @@ from typing import Any
 from specjax import drafters
 from specjax.drafters import registry
 from specjax.lab.benchmark import (
-  AR,
   BenchmarkConfig,
-  add_speedups,
   common_pad,
   configured_target,
   dataset_name,
@@ -28,6 +27,7 @@ from specjax.lab.benchmark import (
   methods_of,
   run_methods,
 )
+from specjax.lab.records import AR, MethodRecord, add_speedups
 
 
 def is_learned(method: str, cfg: BenchmarkConfig) -> bool:
@@ -59,10 +59,10 @@ def check_methods(field: str, methods: Iterable[str], allowed: Iterable[str],
                        "a folder's label (drafter.<label>=DIR)")
 
 
-def prompt_counts(records: Sequence[dict[str, Any]]) -> str:
+def prompt_counts(records: Sequence[MethodRecord]) -> str:
   """The prompts the records' runs decoded: "4 prompts", or per dataset where they differ (a
   dataset with fewer prompts than the config asks for runs them all)."""
-  counts = {r["dataset"]: r["prompts"] for r in records}
+  counts = {r.dataset: r.prompts for r in records}
   if len(set(counts.values())) == 1:
     return f"{next(iter(counts.values()))} prompts"
   return "prompts " + ", ".join(f"{d}: {n}" for d, n in counts.items())
@@ -79,7 +79,7 @@ class Session:
     self.datasets = [dataset_name(d) for d in datasets_of(cfg)]
     self._sources = dict(zip(self.datasets, datasets_of(cfg)))
     self._prompts: dict[tuple[str, int], list[list[int]]] = {}
-    self._runs: dict[tuple, tuple[dict[str, Any], int, int, bool]] = {}
+    self._runs: dict[tuple, tuple[MethodRecord, int, int, bool]] = {}
     self._groups = 0
 
   @property
@@ -104,19 +104,19 @@ class Session:
 
   def measure(self, dataset: str, runs: Sequence[tuple[str, dict[str, Any] | None]], *,
               temperature: float = 0.0, repeats: int = 1, profile: bool = False,
-              batch_size: int = 1, num_prompts: int | None = None) -> list[dict[str, Any]]:
+              batch_size: int = 1, num_prompts: int | None = None) -> list[MethodRecord]:
     """`run_methods` records of `runs` on `dataset`, with speedups when AR is among them. Kept
     runs are reused when every one is there, timed as often and profiled if asked, and (for
-    speedups) from one run."""
+    speedups) from one run. The records are copies: a table may add to its own."""
     n = len(self.prompts(dataset, num_prompts))
     keys = [(dataset, float(temperature), batch_size, n, m, json.dumps(o, sort_keys=True))
             for m, o in runs]
     kept = [self._runs.get(k) for k in keys]
     usable = all(k is not None and k[2] >= repeats and (k[3] or not profile) for k in kept)
     if usable and (len({k[1] for k in kept}) == 1 or all(m != AR for m, _ in runs)):
-      return [dict(k[0]) for k in kept]
+      return [copy.copy(k[0]) for k in kept]
     cfg = dataclasses.replace(self.cfg, temperature=float(temperature))
-    records = [dict(r, dataset=dataset, temperature=float(temperature), options=o)
+    records = [dataclasses.replace(r, dataset=dataset, temperature=float(temperature), options=o)
                for r, (_, o) in zip(run_methods(
                    self.target, runs, self.prompts(dataset, num_prompts), cfg, self.bar,
                    repeats=repeats, profile=profile, batch_size=batch_size, pad_to=self.pad_to),
@@ -126,7 +126,7 @@ class Session:
     self._groups += 1
     for k, r in zip(keys, records):
       self._runs[k] = (r, self._groups, repeats, profile)
-    return [dict(r) for r in records]
+    return [copy.copy(r) for r in records]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,6 +150,6 @@ class Table:
   units: Callable[[Session, Any], int]
 
 
-def public(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-  """Records for JSON: without the generated tokens."""
-  return [{k: v for k, v in r.items() if k != "outputs"} for r in records]
+def public(records: Sequence[Any]) -> list[dict[str, Any]]:
+  """Records (or a table's rows) for JSON: without the generated tokens."""
+  return [r.to_json(outputs=False) for r in records]

@@ -3,6 +3,7 @@ accepts its own number of draft tokens per round)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from typing import Annotated, Any
@@ -10,7 +11,8 @@ from typing import Annotated, Any
 from specjax import drafters
 from specjax.config_utils import NonEmpty, NonEmptyStr, PosInt, config
 from specjax.lab import report
-from specjax.lab.benchmark import AR, BenchmarkConfig
+from specjax.lab.benchmark import BenchmarkConfig
+from specjax.lab.records import AR, TableRow
 from specjax.lab.session import Result, Session, Table, check_methods, public
 
 
@@ -29,6 +31,13 @@ class BatchTable:
     check_methods("batch_table.methods", self.methods, [AR, *drafters.names()], cfg)
 
 
+@dataclasses.dataclass
+class BatchRow(TableRow):
+  """A run at one batch size, and whether its outputs are batch-1 autoregressive decoding's."""
+
+  matches_batch1_autoregressive: bool
+
+
 def units(s: Session, t: BatchTable) -> int:
   n = len(s.prompts(s.first_dataset, t.num_prompts))
   reference = 0 if 1 in t.sizes else n  # batch-1 AR, measured for the comparison
@@ -42,19 +51,19 @@ def build(s: Session, t: BatchTable, out: str) -> Result:
       dataset, [(m, None) for m in methods], batch_size=b, num_prompts=t.num_prompts)]
   # Batch-1 autoregressive decoding is the reference every output is compared with, measured
   # for it when the table's sizes leave batch 1 out.
-  ar1 = [r for r in records if r["method"] == AR and r["batch_size"] == 1] or s.measure(
+  ar1 = [r for r in records if r.method == AR and r.batch_size == 1] or s.measure(
       dataset, [(AR, None)], batch_size=1, num_prompts=t.num_prompts)
-  reference = ar1[0]["outputs"]
+  reference = ar1[0].outputs
+  checked = [BatchRow(r, r.outputs == reference) for r in records]
   rows = []
   for m in methods:
     cells: list[Any] = [m]
     for b in t.sizes:
-      r = next(r for r in records if r["method"] == m and r["batch_size"] == b)
-      r["matches_batch1_autoregressive"] = r["outputs"] == reference
-      cells += [f"{r['tokens_per_second']:.0f}", f"{r['tau']:.2f}", f"{r['speedup']:.2f}x"]
+      r = next(r for r in records if r.method == m and r.batch_size == b)
+      cells += [f"{r.tokens_per_second:.0f}", f"{r.tau:.2f}", f"{r.speedup:.2f}x"]
     rows.append(cells)
-  differ = [f"{r['method']}@{r['batch_size']}" for r in records
-            if r.get("matches_batch1_autoregressive") is False]
+  differ = [f"{c.record.method}@{c.record.batch_size}" for c in checked
+            if not c.matches_batch1_autoregressive]
   n = len(s.prompts(dataset, t.num_prompts))
   header = ["method"] + [f"batch {b} {what}" for b in t.sizes
                          for what in ("tokens/s", "tau", "speedup")]
@@ -66,7 +75,7 @@ def build(s: Session, t: BatchTable, out: str) -> Result:
       "Every output equals batch-1 autoregressive decoding's" if not differ
       else f"Outputs that differ from batch-1 autoregressive decoding: {differ}", ""]
   figure = _plot(t, methods, records, os.path.join(out, "batch.png"))
-  return Result("\n".join(lines), {"records": public(records), "differ": differ}, [figure])
+  return Result("\n".join(lines), {"records": public(checked), "differ": differ}, [figure])
 
 
 def _plot(t: BatchTable, methods, records, path: str) -> str:
@@ -74,10 +83,10 @@ def _plot(t: BatchTable, methods, records, path: str) -> str:
   plt = report.pyplot()
   fig, axes = plt.subplots(1, 2, figsize=(12, 4))
   for m in methods:
-    mine = [next(r for r in records if r["method"] == m and r["batch_size"] == b)
+    mine = [next(r for r in records if r.method == m and r.batch_size == b)
             for b in t.sizes]
-    axes[0].plot(t.sizes, [r["tokens_per_second"] for r in mine], "o-", label=m)
-    axes[1].plot(t.sizes, [r["tau"] for r in mine], "o-", label=m)
+    axes[0].plot(t.sizes, [r.tokens_per_second for r in mine], "o-", label=m)
+    axes[1].plot(t.sizes, [r.tau for r in mine], "o-", label=m)
   for ax, what in zip(axes, ("tokens/s", "tau")):
     ax.set(title=what, xlabel="batch size", xscale="log")
     ax.legend()

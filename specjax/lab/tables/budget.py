@@ -9,7 +9,8 @@ from typing import Annotated, Any
 from specjax.config_utils import NonEmpty, NonEmptyStr, PosInt, config
 from specjax.drafters import registry
 from specjax.lab import report
-from specjax.lab.benchmark import AR, BenchmarkConfig, oracle_roofline
+from specjax.lab.benchmark import BenchmarkConfig, oracle_roofline
+from specjax.lab.records import AR
 from specjax.lab.session import Result, Session, Table, check_methods, family_of, public
 
 # The deepest level of the trees of the table: the shipped DFlash block's 7 drafted positions,
@@ -58,17 +59,17 @@ def build(s: Session, t: BudgetTable, out: str) -> Result:
     s.bar.update(len(t.nodes))
   header = ["nodes"] + [f"{m} {what}" for m in t.methods for what in ("tau", "speedup")]
   header += ["oracle tau", "oracle verify / AR step", "oracle speedup", "oracle bound"]
-  by = {(r["method"], r["options"].get("total_tokens")): r for r in records}
+  by = {(r.method, r.options.get("total_tokens")): r for r in records}
   rows = []
   for i, n in enumerate(t.nodes):
     cells: list[Any] = [n]
     for m in t.methods:
       r = by[m, n]
-      cells += [f"{r['tau']:.2f}", f"{r['speedup']:.2f}x"]
+      cells += [f"{r.tau:.2f}", f"{r.speedup:.2f}x"]
     o = roof["rows"][i]
     rows.append(cells + [f"{o['tau']:.2f}", f"{o['cost']:.2f}", f"{o['speedup']:.2f}x",
                          f"{o['bound_e2e']:.2f}x"])
-  best = {m: max((r for r in records if r["method"] == m), key=lambda r: r["speedup"])
+  best = {m: max((r for r in records if r.method == m), key=lambda r: r.speedup)
           for m in t.methods}
   best_oracle = max(roof["rows"], key=lambda o: o["speedup"])
   lines = [f"### Tree budget on {dataset} (T = 0, {len(s.prompts(dataset))} prompts x "
@@ -79,7 +80,7 @@ def build(s: Session, t: BudgetTable, out: str) -> Result:
       "step is what checking N + 1 tokens costs in autoregressive steps, its bound t_AR x "
       "tokens / t_verify with the prefill both pay (`experiments.bench_roofline`): no drafter "
       "of that size can beat it on this machine.",
-      "Fastest here: " + ", ".join(f"{m} at {r['draft_nodes']} nodes ({r['speedup']:.2f}x)"
+      "Fastest here: " + ", ".join(f"{m} at {r.draft_nodes} nodes ({r.speedup:.2f}x)"
                                    for m, r in best.items())
       + f"; the oracle at {best_oracle['n']} ({best_oracle['speedup']:.2f}x).", ""]
   figure = _plot(t, by, roof, os.path.join(out, "budget.png"))
@@ -92,8 +93,8 @@ def _plot(t: BudgetTable, by, roof, path: str) -> str:
   fig, axes = plt.subplots(1, 2, figsize=(12, 4))
   for m in t.methods:
     mine = [by[m, n] for n in t.nodes]
-    axes[0].plot(t.nodes, [r["tau"] for r in mine], "o-", label=m)
-    axes[1].plot(t.nodes, [r["speedup"] for r in mine], "o-", label=m)
+    axes[0].plot(t.nodes, [r.tau for r in mine], "o-", label=m)
+    axes[1].plot(t.nodes, [r.speedup for r in mine], "o-", label=m)
   axes[0].plot(t.nodes, [o["tau"] for o in roof["rows"]], "k--", label="oracle")
   axes[1].plot(t.nodes, [o["speedup"] for o in roof["rows"]], "k--", label="oracle")
   axes[1].plot(t.nodes, [o["bound_e2e"] for o in roof["rows"]], "k:", label="oracle bound")

@@ -43,11 +43,11 @@ def build(s: Session, t: DepthTable, out: str) -> Result:
                      "or --set depth_table.methods=...")
   records = [r for d in s.datasets for r in s.measure(d, [(m, None) for m in methods])]
   # Up to the deepest depth any round reached (a tree of N nodes is shallower than N).
-  depth = max([d + 1 for r in records for d, a in enumerate(r["acceptance_by_depth"])
+  depth = max([d + 1 for r in records for d, a in enumerate(r.acceptance_by_depth)
                if a is not None] or [1])
-  rows = [[r["method"], r["dataset"], r["draft_nodes"], f"{r['tau']:.2f}"]
+  rows = [[r.method, r.dataset, r.draft_nodes, f"{r.tau:.2f}"]
           + ["-" if a is None else f"{a:.2f}"
-             for a in (r["acceptance_by_depth"] + [None] * depth)[:depth]] for r in records]
+             for a in (r.acceptance_by_depth + [None] * depth)[:depth]] for r in records]
   lines = [f"### Acceptance rate by draft depth (T = 0, {prompt_counts(records)} x "
            f"{s.cfg.max_new_tokens} new tokens, each drafter's default tree)", ""]
   lines += table(["drafter", "dataset", "nodes", "tau"] + [f"d={d}" for d in range(1, depth + 1)],

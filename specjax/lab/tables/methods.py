@@ -11,7 +11,8 @@ import numpy as np
 
 from specjax.config_utils import NonEmpty, NonNegFloat, PosInt, config
 from specjax.lab import report
-from specjax.lab.benchmark import AR, BenchmarkConfig
+from specjax.lab.benchmark import BenchmarkConfig
+from specjax.lab.records import AR
 from specjax.lab.session import Result, Session, Table, prompt_counts, public
 
 
@@ -39,17 +40,17 @@ def build(s: Session, t: MethodsTable, out: str) -> Result:
   rows, differ = [], []
   for temp in t.temperatures:
     for m in methods:
-      mine = [r for r in records if r["temperature"] == float(temp) and r["method"] == m]
+      mine = [r for r in records if r.temperature == float(temp) and r.method == m]
       cells = [f"{float(temp):g}", m]
       for r in mine:
-        cells += [f"{r['tau']:.2f}", report.speedup_cell(r)]
-        if float(temp) == 0 and not r["matches_autoregressive"]:
-          differ.append(f"{m}/{r['dataset']}")
-      cells += [f"{np.mean([r['tau'] for r in mine]):.2f}",
-                f"{np.mean([np.mean(r['speedup_repeats']) for r in mine]):.2f}x"]
+        cells += [f"{r.tau:.2f}", report.speedup_cell(r.speedup_repeats)]
+        if float(temp) == 0 and not r.matches_autoregressive:
+          differ.append(f"{m}/{r.dataset}")
+      cells += [f"{np.mean([r.tau for r in mine]):.2f}",
+                f"{np.mean([np.mean(r.speedup_repeats) for r in mine]):.2f}x"]
       rows.append(cells)
-  ar = [f"{r['dataset']} T={r['temperature']:g}: {r['tokens_per_second']:.0f}"
-        for r in records if r["method"] == AR]
+  ar = [f"{r.dataset} T={r.temperature:g}: {r.tokens_per_second:.0f}"
+        for r in records if r.method == AR]
   lines = [f"### Methods ({prompt_counts(records)} x {cfg.max_new_tokens} new tokens per "
            f"dataset, batch 1)", ""] + report.table(header, rows) + [
       f"Speedup: over autoregressive decoding in the same run, mean ± spread (max - min) over "
@@ -70,12 +71,12 @@ def _plot(s: Session, t: MethodsTable, methods, records, path: str) -> str:
   for ax, temp in zip(axes[0], t.temperatures):
     x = np.arange(len(methods))
     for i, d in enumerate(s.datasets):
-      mine = [next(r for r in records if r["temperature"] == float(temp) and r["dataset"] == d
-                   and r["method"] == m) for m in methods]
+      mine = [next(r for r in records if r.temperature == float(temp) and r.dataset == d
+                   and r.method == m) for m in methods]
       ax.bar(x + (i - (len(s.datasets) - 1) / 2) * width,
-             [np.mean(r["speedup_repeats"]) for r in mine], width, label=d,
-             yerr=[[np.mean(r["speedup_repeats"]) - min(r["speedup_repeats"]) for r in mine],
-                   [max(r["speedup_repeats"]) - np.mean(r["speedup_repeats"]) for r in mine]])
+             [np.mean(r.speedup_repeats) for r in mine], width, label=d,
+             yerr=[[np.mean(r.speedup_repeats) - min(r.speedup_repeats) for r in mine],
+                   [max(r.speedup_repeats) - np.mean(r.speedup_repeats) for r in mine]])
     ax.axhline(1.0, color="k", lw=0.8)
     ax.set_xticks(x, methods, rotation=30, ha="right")
     ax.set(title=f"speedup vs autoregressive, T = {float(temp):g}", ylabel="x")

@@ -4,6 +4,7 @@ and machine."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Sequence
@@ -15,7 +16,8 @@ from specjax import assets
 from specjax.config_utils import NonNegInt, config
 from specjax.drafters import registry
 from specjax.lab import report
-from specjax.lab.benchmark import AR, BenchmarkConfig
+from specjax.lab.benchmark import BenchmarkConfig
+from specjax.lab.records import AR, MethodRecord, TableRow
 from specjax.lab.session import Result, Session, Table, public
 from specjax.sharding import describe
 
@@ -30,6 +32,34 @@ class PeersTable:
     """Nothing to check against the job's fields: the table's methods are fixed."""
 
 
+@dataclasses.dataclass(kw_only=True)
+class TransformersRun:
+  """transformers' run of one method over the prompts: what a specjax record says of it."""
+
+  implementation: str  # "transformers <version>"
+  method: str  # the specjax method it runs beside
+  tokens_per_second: float
+  tau: float  # new tokens / the target's forward calls (prefill included)
+  target_calls: int
+  new_tokens: int
+  outputs: list[list[int]]
+  torch_threads: int
+
+  def to_json(self, outputs: bool = True) -> dict[str, Any]:
+    return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+            if outputs or f.name != "outputs"}
+
+
+@dataclasses.dataclass
+class PeerRow(TableRow):
+  """A run of either implementation, against its own greedy run and specjax's outputs."""
+
+  record: MethodRecord | TransformersRun
+  implementation: str
+  speedup_over_own_greedy: float
+  matches_specjax_greedy: bool
+
+
 def jax_threads() -> int:
   """The cores XLA's CPU client runs on (its thread pool is sized by the process's affinity)."""
   return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -39,7 +69,7 @@ def units(s: Session, t: PeersTable) -> int:
   return len(s.prompts(s.first_dataset)) * 2 * len(PEER_METHODS)
 
 
-def _hf_runs(s: Session, prompts: Sequence[list[int]], threads: int) -> list[dict[str, Any]]:
+def _hf_runs(s: Session, prompts: Sequence[list[int]], threads: int) -> list[TransformersRun]:
   """transformers' greedy generate, assisted generation with the draft LM and prompt lookup on
   the same checkpoint and prompts, interleaved prompt by prompt after one warm-up each."""
   try:
@@ -65,7 +95,7 @@ def _hf_runs(s: Session, prompts: Sequence[list[int]], threads: int) -> list[dic
       log.enable_progress_bar()
 
 
-def _hf_measure(s: Session, prompts, torch, transformers) -> list[dict[str, Any]]:
+def _hf_measure(s: Session, prompts, torch, transformers) -> list[TransformersRun]:
   cfg = s.cfg
   draft_lm_options = {**registry.defaults("draft_lm"), **cfg.options_for("draft_lm")}
   lookup_options = {**registry.defaults("prompt_lookup"), **cfg.options_for("prompt_lookup")}
@@ -106,34 +136,33 @@ def _hf_measure(s: Session, prompts, torch, transformers) -> list[dict[str, Any]
   records = []
   for m, a in acc.items():
     new = sum(map(len, a["outputs"]))
-    records.append({"implementation": f"transformers {transformers.__version__}", "method": m,
-                    "tokens_per_second": new / a["wall"], "tau": new / a["calls"],
-                    "target_calls": a["calls"], "new_tokens": new, "outputs": a["outputs"],
-                    "torch_threads": torch.get_num_threads()})
+    records.append(TransformersRun(
+        implementation=f"transformers {transformers.__version__}", method=m,
+        tokens_per_second=new / a["wall"], tau=new / a["calls"], target_calls=a["calls"],
+        new_tokens=new, outputs=a["outputs"], torch_threads=torch.get_num_threads()))
   return records
 
 
 def build(s: Session, t: PeersTable, out: str) -> Result:
   cfg, dataset = s.cfg, s.first_dataset
   prompts = s.prompts(dataset)
-  ours = [dict(r, implementation="specjax") for r in
-          s.measure(dataset, [(m, None) for m in PEER_METHODS])]
+  mine = s.measure(dataset, [(m, None) for m in PEER_METHODS])
   threads = t.threads or jax_threads()
-  theirs = _hf_runs(s, prompts, threads)
-  reference = ours[0]["outputs"]
-  for group in (ours, theirs):
-    for r in group:
-      r["speedup_over_own_greedy"] = r["tokens_per_second"] / group[0]["tokens_per_second"]
-      r["matches_specjax_greedy"] = r["outputs"] == reference
+  hf = _hf_runs(s, prompts, threads)
+  reference = mine[0].outputs
+  ours, theirs = ([PeerRow(r, implementation=implementation,
+                           speedup_over_own_greedy=r.tokens_per_second / runs[0].tokens_per_second,
+                           matches_specjax_greedy=r.outputs == reference) for r in runs]
+                  for runs, implementation in ((mine, "specjax"), (hf, hf[0].implementation)))
   records = ours + theirs
   names = {AR: "greedy", "draft_lm": "draft LM", "prompt_lookup": "prompt lookup"}
   hf_names = {AR: "greedy `generate`", "draft_lm": "assisted generation (`assistant_model=`)",
               "prompt_lookup": "prompt lookup (`prompt_lookup_num_tokens=`)"}
-  rows = [[r["implementation"],
-           (names if r["implementation"] == "specjax" else hf_names)[r["method"]],
-           f"{r['tokens_per_second']:.1f}",
-           f"{r['tau']:.2f}", f"{r['speedup_over_own_greedy']:.2f}x",
-           "yes" if r["matches_specjax_greedy"] else "no"] for r in records]
+  rows = [[r.implementation,
+           (names if r.implementation == "specjax" else hf_names)[r.record.method],
+           f"{r.record.tokens_per_second:.1f}",
+           f"{r.record.tau:.2f}", f"{r.speedup_over_own_greedy:.2f}x",
+           "yes" if r.matches_specjax_greedy else "no"] for r in records]
   lines = [f"### specjax beside transformers on {dataset} (T = 0, {len(prompts)} prompts x "
            f"{cfg.max_new_tokens} new tokens, batch 1, same checkpoint)", ""]
   lines += report.table(["implementation", "method", "tokens/s", "tau",
@@ -149,14 +178,14 @@ def build(s: Session, t: PeersTable, out: str) -> Result:
                 [figure])
 
 
-def _plot(ours, theirs, names, path: str) -> str:
+def _plot(ours: list[PeerRow], theirs: list[PeerRow], names, path: str) -> str:
   """tokens/s of each method, specjax's bar beside transformers'."""
   plt = report.pyplot()
   fig, ax = plt.subplots(figsize=(8, 4))
   x = np.arange(len(PEER_METHODS))
   for i, group in enumerate((ours, theirs)):
-    ax.bar(x + (i - 0.5) * 0.4, [r["tokens_per_second"] for r in group], 0.4,
-           label=group[0]["implementation"])
+    ax.bar(x + (i - 0.5) * 0.4, [r.record.tokens_per_second for r in group], 0.4,
+           label=group[0].implementation)
   ax.set_xticks(x, [names[m] for m in PEER_METHODS])
   ax.set(title="tokens/s, same checkpoint and prompts", ylabel="tokens/s")
   ax.legend()

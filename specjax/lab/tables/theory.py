@@ -4,6 +4,7 @@ g tokens."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 from typing import Annotated, Any
@@ -13,7 +14,8 @@ import numpy as np
 from specjax.config_utils import NonEmpty, NonEmptyStr, PosInt, config
 from specjax.drafters import registry
 from specjax.lab import report
-from specjax.lab.benchmark import AR, BenchmarkConfig, unreliable_timings
+from specjax.lab.benchmark import BenchmarkConfig
+from specjax.lab.records import AR, TableRow, unreliable_timings
 from specjax.lab.session import Result, Session, Table, check_methods, family_of, public
 
 # The model-free and draft-model drafters that draft a chain of a chosen length.
@@ -59,6 +61,21 @@ def expected_tokens(a: float, g: int) -> float:
   return g + 1.0 if a >= 1.0 else (1.0 - a ** (g + 1)) / (1.0 - a)
 
 
+@dataclasses.dataclass
+class TheoryRow(TableRow):
+  """A chain's run and what theory expects of it at its measured acceptance and costs."""
+
+  g: int  # the chain's length
+  a: float  # the per-token acceptance fitted to its rounds (`per_token_acceptance`)
+  predicted_tokens_per_call: float  # Leviathan et al.'s eq. 1 at a
+  unreliable_figures: list[str]  # its phase timings' and AR's that cannot be trusted
+  tokens_per_round: float  # measured, each prompt's prefill left out
+  leviathan_speedup: float  # eq. 1 over (g c + 1): verifying costs one AR step
+  predicted_speedup: float  # eq. 1 x t_AR / (t_draft + t_verify): the measured costs
+  cost_ratio: float  # c: one draft step in AR steps
+  t_ar_ms: float  # the AR step
+
+
 def units(s: Session, t: TheoryTable) -> int:
   return len(s.prompts(s.first_dataset)) * len(t.methods) * (len(t.lengths) + 1)
 
@@ -70,27 +87,29 @@ def build(s: Session, t: TheoryTable, out: str) -> Result:
   for method in t.methods:
     runs = [(AR, {})] + [(method, chain_options(method, g, cfg)) for g in t.lengths]
     group = s.measure(dataset, runs, profile=True)
-    t_ar = group[0]["t_verify_ms"]
+    t_ar = group[0].phases.t_verify_ms
     for g, r in zip(t.lengths, group[1:]):
-      a = per_token_acceptance(r["accepted_by_depth"], g)
+      a = per_token_acceptance(r.accepted_by_depth, g)
       predicted = expected_tokens(a, g)
-      c = r["t_draft_ms"] / (g * t_ar)  # one draft step in AR steps
+      c = r.phases.t_draft_ms / (g * t_ar)  # one draft step in AR steps
       bad = unreliable_timings(r) + [f"autoregressive {x}" for x in unreliable_timings(group[0])]
-      records.append(dict(
+      records.append(TheoryRow(
           r, g=g, a=a, predicted_tokens_per_call=predicted, unreliable_figures=bad,
           # Each prompt's prefill is a call emitting one token: rounds alone compare with eq. 1.
-          tokens_per_round=(r["new_tokens"] - n) / max(r["target_calls"] - n, 1),
+          tokens_per_round=(r.new_tokens - n) / max(r.target_calls - n, 1),
           leviathan_speedup=predicted / (g * c + 1.0),
-          predicted_speedup=predicted * t_ar / (r["t_draft_ms"] + r["t_verify_ms"]),
+          predicted_speedup=predicted * t_ar / (r.phases.t_draft_ms + r.phases.t_verify_ms),
           cost_ratio=c, t_ar_ms=t_ar))
   header = ["method", "g", "a", "E[tokens/call] (1-a^(g+1))/(1-a)", "measured tokens/round",
             "measured tau", "draft ms", "verify ms", "E[speedup] (verify = 1 step)",
             "E[speedup] (measured costs)", "measured speedup"]
-  rows = [[r["method"], r["g"], f"{r['a']:.3f}", f"{r['predicted_tokens_per_call']:.2f}",
-           f"{r['tokens_per_round']:.2f}", f"{r['tau']:.2f}", report.ms(r, "t_draft"),
-           report.ms(r, "t_verify"), f"{r['leviathan_speedup']:.2f}x" + report.mark(r),
-           f"{r['predicted_speedup']:.2f}x" + report.mark(r), f"{r['speedup']:.2f}x"]
-          for r in records]
+  rows = [[r.record.method, r.g, f"{r.a:.3f}", f"{r.predicted_tokens_per_call:.2f}",
+           f"{r.tokens_per_round:.2f}", f"{r.record.tau:.2f}",
+           report.ms(r.record.phases.t_draft_ms, "t_draft" in r.unreliable_figures),
+           report.ms(r.record.phases.t_verify_ms, "t_verify" in r.unreliable_figures),
+           f"{r.leviathan_speedup:.2f}x" + report.mark(r.unreliable_figures),
+           f"{r.predicted_speedup:.2f}x" + report.mark(r.unreliable_figures),
+           f"{r.record.speedup:.2f}x"] for r in records]
   lines = [f"### Theory against measurement: chains on {dataset} (T = 0, {n} prompts x "
            f"{cfg.max_new_tokens} new tokens, batch 1)", ""] + report.table(header, rows) + [
       "a: the per-token acceptance fitted to the rounds (accepted nodes / tested nodes). "
@@ -104,20 +123,20 @@ def build(s: Session, t: TheoryTable, out: str) -> Result:
   return Result("\n".join(lines), {"records": public(records)}, [figure])
 
 
-def _plot(t: TheoryTable, records, path: str) -> str:
+def _plot(t: TheoryTable, records: list[TheoryRow], path: str) -> str:
   """Tokens per call and speedup against g: each expected one dashed beside the measured one."""
   plt = report.pyplot()
   fig, axes = plt.subplots(1, 2, figsize=(12, 4))
   for method in t.methods:
-    mine = [r for r in records if r["method"] == method]
-    g = [r["g"] for r in mine]
-    line = axes[0].plot(g, [r["predicted_tokens_per_call"] for r in mine], "--",
+    mine = [r for r in records if r.record.method == method]
+    g = [r.g for r in mine]
+    line = axes[0].plot(g, [r.predicted_tokens_per_call for r in mine], "--",
                         label=f"{method} (1-a^(g+1))/(1-a)")[0]
-    axes[0].plot(g, [r["tokens_per_round"] for r in mine], "o-", color=line.get_color(),
+    axes[0].plot(g, [r.tokens_per_round for r in mine], "o-", color=line.get_color(),
                  label=f"{method} measured")
-    line = axes[1].plot(g, [r["predicted_speedup"] for r in mine], "--",
+    line = axes[1].plot(g, [r.predicted_speedup for r in mine], "--",
                         label=f"{method} expected (measured costs)")[0]
-    axes[1].plot(g, [r["speedup"] for r in mine], "o-", color=line.get_color(),
+    axes[1].plot(g, [r.record.speedup for r in mine], "o-", color=line.get_color(),
                  label=f"{method} measured")
   axes[0].set(title="tokens per target call", xlabel="chain length g")
   axes[1].set(title="speedup vs autoregressive", xlabel="chain length g", ylabel="x")
