@@ -96,7 +96,7 @@ def load_prompts(target, dataset: str, count: int, max_prompt_tokens: int, seed:
 
 
 def _bytes(n: int | None) -> str:
-  from specjax.lab.benchmark import format_bytes
+  from specjax.lab.report import format_bytes
   return "-" if n is None else format_bytes(n)
 
 

@@ -118,7 +118,7 @@ def main(argv=None):
   except ValueError as e:  # a drafter folder that does not load, options it refuses
     cli.fail(str(e))
   block = provenance.collect(dict(vars(args), benchmark=cfg))
-  print(f"Measured with {provenance.header(block)}")
+  print(report.measured_with(provenance.header(block)))
   print("\n".join(metrics.markdown_table(
       ["options", "nodes", "tau", "speedup", "draft ms", "verify ms", "ideal"])))
   for r in records[1:]:

@@ -420,7 +420,7 @@ def test_chat_template_refuses_a_switch_it_does_not_read():
 
 
 def test_the_table_header_says_what_ran():
-  from specjax.lab.benchmark import dataset_table
+  from specjax.lab.report import dataset_table
   from tests.helpers.records import record as method_record
   cfg = BenchmarkConfig(num_prompts=16, max_prompt_tokens=256, profile=False)
   record = method_record(dataset="stdlib_heldout", speedup=1.0, prompt_set={

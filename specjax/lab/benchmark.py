@@ -22,32 +22,27 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable, Sequence
-from typing import Annotated, Any, Literal
+from typing import Any
 
 import jax
 import numpy as np
 from tqdm.auto import tqdm
 
 from specjax import assets, checks, config_utils, distributed, drafters, files, metrics, provenance
-from specjax.config_utils import (
-  Interval,
-  NonEmpty,
-  NonEmptyStr,
-  NonNegFloat,
-  NonNegInt,
-  PosInt,
-  Seed,
-  config,
-)
 from specjax.decoding import bucket_length, generate
 from specjax.drafters import registry
 from specjax.drafters.io import check_tree_options, load_drafter
 from specjax.interop.hf import load_target
 from specjax.interop.tokenizer import ChatTemplate
+from specjax.lab.benchmark_config import (
+  BenchmarkConfig,
+  dataset_name,
+  datasets_of,
+  is_prompt_file,
+)
 from specjax.lab.phases import profile_phases
 from specjax.lab.records import (
   AR,
-  MAX_RELATIVE_SPREAD,
   PHASES,
   SCHEMA_VERSION,
   MethodRecord,
@@ -55,104 +50,11 @@ from specjax.lab.records import (
   add_speedups,
   finish,
 )
-from specjax.rounds import PREFILL_CHUNK, prefill_chunks
+from specjax.lab.report import dataset_table, markdown, plot
+from specjax.rounds import prefill_chunks
 from specjax.sampling import SamplingConfig
-from specjax.sharding import AUTO as AUTO_MESH
-from specjax.sharding import bytes_per_device, check_mesh_spec, describe, mesh_spec
+from specjax.sharding import bytes_per_device, describe, mesh_spec
 from specjax.target import Target
-
-DATASETS = ("humaneval", "stdlib_heldout", "stdlib_docstrings")
-DTYPES = Literal["float32", "bfloat16", "float16"]
-
-
-@config
-class BenchmarkConfig:
-  target: NonEmptyStr | None = None  # HF folder; None = the shipped embedded target
-  dtype: DTYPES = "float32"  # the target's parameters ("bfloat16": half the memory of float32)
-  methods: tuple[NonEmptyStr, ...] = ()  # () = AR + drafters.available(target) + `drafter`
-  # Drafter folders by method name, e.g. --set drafter.eagle3=PATH: any folder load_drafter
-  # reads (specjax's own, or a published EAGLE-3 / EAGLE / Medusa / DFlash checkpoint), an HF
-  # folder for draft_lm. A name that is no registered method labels a learned drafter's row.
-  drafter: dict[str, NonEmptyStr] = dataclasses.field(default_factory=dict)
-  # Datasets: "humaneval", "stdlib_heldout", "stdlib_docstrings" (docstring-to-code from held-out
-  # stdlib functions) or a JSONL prompt file (specjax.data.prompts).
-  datasets: Annotated[tuple[NonEmptyStr, ...], NonEmpty] = ("humaneval", "stdlib_heldout")
-  prompts: NonEmptyStr | None = None  # a JSONL prompt file; when set, the run's only dataset
-  chat_template: bool = False  # render prompts with the target's chat template
-  # The template's own switches, e.g. --set chat_options.enable_thinking=false (Qwen3).
-  chat_options: dict[str, bool] = dataclasses.field(default_factory=dict)
-  num_prompts: PosInt = 8  # per dataset (fewer when a dataset has fewer: the tables say so)
-  max_prompt_tokens: PosInt = 256  # a longer prompt keeps its last this many tokens
-  max_new_tokens: PosInt = 128
-  temperature: NonNegFloat = 0.0
-  top_k: NonNegInt = 0
-  top_p: Annotated[float, Interval(gt=0, le=1)] = 1.0
-  seed: Seed = 0
-  # Phase timings (draft, verify and prefill ms, and the drafting share, ideal speedups and loop
-  # efficiency built on them): one more compiled program per method. false leaves them out, for
-  # a quicker table of tau, tokens/s and speedup.
-  profile: bool = True
-  profile_repeats: PosInt = 10
-  out: NonEmptyStr = "out/benchmark"
-  data_dir: NonEmptyStr | None = None
-  # Per-method builder options as "method.option=value", e.g. "prompt_lookup.num_tokens=4".
-  drafter_options: tuple[str, ...] = ()
-  # A device mesh such as "dp=2,tp=4" (`specjax.sharding.make_mesh`); None = one device;
-  # "auto" = tensor parallelism over every core or device the target allows (`auto_mesh`).
-  mesh: NonEmptyStr | None = None
-
-  def __post_init__(self):
-    if self.prompts is not None and not is_prompt_file(self.prompts):
-      raise ValueError(f"prompts {self.prompts!r} is not a JSONL prompt file (a path ending in "
-                       ".jsonl or .json)")
-    if self.chat_options and not self.chat_template:
-      raise ValueError(f"chat_options {sorted(self.chat_options)} are switches of the chat "
-                       "template, which this run does not use: set chat_template=true too")
-    names = [dataset_name(d) for d in datasets_of(self)]
-    clash = sorted({n for n in names if names.count(n) > 1})
-    if clash:
-      raise ValueError(f"datasets holds several entries named {clash} in tables and results "
-                       "(a prompt file is named by its file name): rename one, or list each "
-                       "once")
-    for dataset in self.datasets:
-      if dataset not in DATASETS and not is_prompt_file(dataset):
-        raise ValueError(f"datasets holds {dataset!r}, which is no dataset: datasets are "
-                         f"{list(DATASETS)} or JSONL prompt files (paths ending in .jsonl or "
-                         ".json)")
-    self.parsed_drafter_options()  # their syntax, before anything runs
-    if self.mesh is not None and self.mesh != AUTO_MESH:
-      check_mesh_spec(self.mesh)
-
-  def parsed_drafter_options(self) -> list[tuple[str, str, str, str]]:
-    """(item, method, option, value text) of each `drafter_options` item, which must read
-    method.option=value."""
-    out = []
-    for item in self.drafter_options:
-      what, form = "drafter option", "method.option=value"
-      key, value = config_utils.parse_assignment(item, what, form)
-      name, _, option = key.partition(".")
-      if not option or not value:
-        raise ValueError(f"{what} {item!r} is not of the form {form}")
-      out.append((item, name, option, value))
-    return out
-
-  def options_for(self, method: str) -> dict[str, Any]:
-    """`method`'s builder options; values are Python literals (`4`, `[[0], [0, 0]]`) or text."""
-    return {option: config_utils.parse_value(value)
-            for _, name, option, value in self.parsed_drafter_options() if name == method}
-
-
-def datasets_of(cfg: BenchmarkConfig) -> tuple[str, ...]:
-  return (cfg.prompts,) if cfg.prompts else cfg.datasets
-
-
-def dataset_name(dataset: str) -> str:
-  """A dataset's label in tables: a prompt file by its name without extension."""
-  return os.path.splitext(os.path.basename(dataset))[0] if is_prompt_file(dataset) else dataset
-
-
-def is_prompt_file(dataset: str) -> bool:
-  return dataset.endswith((".jsonl", ".json"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -394,172 +296,6 @@ def layout(target: Target, records: Sequence[MethodRecord]) -> dict[str, Any]:
       by_method.setdefault(r.method, r.param_bytes)
   return {"mesh": describe(target.mesh), "mesh_spec": mesh_spec(target.mesh),
           "param_bytes": by_method}
-
-
-def _cell(value: float | None, spec: str, unreliable: bool, spread: float | None = None,
-          unit: str = "") -> str:
-  """A table cell: the value (`n/a` when undefined), its spread, and `?` when unreliable."""
-  text = "n/a" if value is None else format(value, spec) + unit
-  if spread is not None:
-    text += f" ±{format(spread, spec)}"
-  return text + (" ?" if unreliable else "")
-
-
-def format_bytes(n: int) -> str:
-  """`n` bytes in KiB below a MiB, MiB below a GiB, else GiB (two decimals)."""
-  for unit, size in (("GiB", 2**30), ("MiB", 2**20)):
-    if n >= size:
-      return f"{n / size:.2f} {unit}"
-  return f"{n / 2**10:.2f} KiB"
-
-
-def layout_lines(mesh_layout: dict[str, Any]) -> list[str]:
-  """The mesh line and a table of parameter bytes per device (see `layout`)."""
-  rows = [[name] + [format_bytes(b[k]) for k in ("min", "max", "total", "one_copy")]
-          for name, b in mesh_layout["param_bytes"].items()]
-  return [f"Mesh: {mesh_layout['mesh']}", "", *metrics.markdown_table(
-      ["parameters", "min per device", "max per device", "total over devices", "one copy"],
-      rows), ""]
-
-
-FOOTNOTE = (f"± is the spread (max - min) of a timing across trials; `?` marks a figure that is "
-            f"not positive, whose spread exceeds {MAX_RELATIVE_SPREAD:.0%} of it, that rests on "
-            f"such a timing, or a loop efficiency above 100%. The phase timings (draft, verify, "
-            f"prefill ms) depend on a method's shapes, not on its prompts: each is measured once "
-            f"per method and padded prompt length, on the first prompt of the first dataset "
-            f"that needs it. The prefill runs in chunks of {PREFILL_CHUNK} positions up to the "
-            f"prompt's length: the bound with prefill scales the timed one by each prompt's "
-            f"chunks.")
-
-
-def markdown(records: Sequence[MethodRecord], cfg: BenchmarkConfig,
-             provenance_line: str | None = None, mesh_layout: dict[str, Any] | None = None
-             ) -> str:
-  """The results table per dataset. Timings show their spread across trials (±); a `?` marks a
-  figure that is unreliable (`unreliable_figures`) or rests on one that is. With `mesh_layout`
-  (a run on a mesh: `layout`) the mesh and the parameter bytes per device come first."""
-  lines = [f"Measured with {provenance_line}", ""] if provenance_line else []
-  lines += layout_lines(mesh_layout) if mesh_layout else []
-  for dataset in dict.fromkeys(r.dataset for r in records):
-    lines += dataset_table([r for r in records if r.dataset == dataset], cfg) + [""]
-  return "\n".join(lines + ([FOOTNOTE, ""] if cfg.profile else []))
-
-
-def prompts_ran(record: MethodRecord, cfg: BenchmarkConfig) -> tuple[str, str]:
-  """The prompts a record's run decoded, as its table's header says: how many (of how many the
-  config asked for, when the dataset had fewer), and a note of the empty ones skipped and of
-  how many were cut ('' when none)."""
-  info = record.prompt_set
-  if info is None:  # records of a caller that chose its own prompts
-    return f"{record.prompts} prompts", ""
-  count = f"{info['prompts']} prompts"
-  if info["prompts"] < cfg.num_prompts:
-    count += f" (of {cfg.num_prompts} asked: the dataset has {info['available']})"
-  notes = []
-  if info["empty_skipped"]:
-    notes.append(f"{info['empty_skipped']} empty prompt(s) skipped")
-  if info["truncated"]:
-    notes.append(f"{info['truncated']} cut to their last {cfg.max_prompt_tokens} tokens")
-  return count, ", ".join(notes)
-
-
-def dataset_table(records: Sequence[MethodRecord], cfg: BenchmarkConfig) -> list[str]:
-  """The Markdown lines of one dataset's table (its records, finished by `finish`; without
-  `cfg.profile`, by `add_speedups`: no phase columns)."""
-  count, notes = prompts_ran(records[0], cfg)
-  lines = [f"### {records[0].dataset} (T={cfg.temperature}, {count} x {cfg.max_new_tokens} "
-           f"new tokens, batch 1{'; ' + notes if notes else ''})", ""]
-  header = ["method", "tau", "tokens/s", "speedup", "target calls"]
-
-  def measured(r: MethodRecord) -> list[Any]:
-    return [r.method, f"{r.tau:.2f}", f"{r.tokens_per_second:.1f}", f"{r.speedup:.2f}x",
-            r.target_calls]
-
-  if not cfg.profile:
-    return lines + metrics.markdown_table(header, [measured(r) for r in records])
-  lines += metrics.markdown_table(
-      header + ["draft ms/round", "verify ms/round", "prefill ms", "drafting share",
-                "ideal (decode)", "ideal (with prefill)", "loop efficiency", "unreliable"])
-  for r in records:
-    p, f = r.phases, r.figures
-    bad = set(f.unreliable_figures)
-    own = {name: name in bad for name in PHASES}
-    ar_bad = {name: f"autoregressive {name}" in bad for name in PHASES}
-    decode = own["t_draft"] or own["t_verify"] or ar_bad["t_verify"]  # tau x t_AR / round
-    e2e = decode or own["t_prefill"] or ar_bad["t_prefill"]
-    lines.append(metrics.markdown_row(measured(r) + [
-        _cell(p.t_draft_ms, ".2f", own["t_draft"], p.t_draft_spread_ms),
-        _cell(p.t_verify_ms, ".2f", own["t_verify"], p.t_verify_spread_ms),
-        _cell(p.t_prefill_ms, ".1f", own["t_prefill"], p.t_prefill_spread_ms),
-        _cell(f.draft_share, ".0%", decode),
-        _cell(f.ideal_speedup, ".2f", decode, unit="x"),
-        _cell(f.ideal_speedup_e2e, ".2f", e2e, unit="x"),
-        _cell(f.loop_efficiency, ".0%", e2e or "loop_efficiency" in bad),
-        ", ".join(f.unreliable_figures) or "-"]))
-  return lines
-
-
-def pyplot():
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  return plt
-
-
-def plot_acceptance(records: Sequence[MethodRecord], path: str,
-                    group: files.FileGroup | None = None) -> str:
-  """Acceptance rate by draft depth, one panel per dataset and one line per method; saved
-  atomically, or staged in `group` (`files.atomic_group`) to be replaced with its files."""
-  plt = pyplot()
-  datasets = list(dict.fromkeys(r.dataset for r in records))
-  fig, axes = plt.subplots(1, len(datasets), figsize=(6 * len(datasets), 4), squeeze=False)
-  for ax, dataset in zip(axes[0], datasets):
-    for r in records:
-      alpha = r.acceptance_by_depth
-      if r.dataset == dataset and alpha:
-        ax.plot(range(1, len(alpha) + 1), [np.nan if a is None else a for a in alpha],
-                marker="o", label=r.method)
-    ax.set(title=f"acceptance rate by depth: {dataset}", xlabel="draft depth d",
-           ylabel="P(accept d | accepted d-1)", ylim=(0, 1.05))
-    if ax.get_legend_handles_labels()[0]:
-      ax.legend()
-    else:  # autoregressive decoding alone drafts nothing
-      ax.text(0.5, 0.5, "no drafter in this run", ha="center", transform=ax.transAxes)
-  fig.tight_layout()
-  try:
-    (files if group is None else group).save_figure(fig, path, dpi=120)
-  finally:
-    plt.close(fig)
-  return path
-
-
-def plot(records: Sequence[MethodRecord], out: str, group: files.FileGroup | None = None
-         ) -> list[str]:
-  """acceptance_by_depth.png and speedup.png in `out` (atomically, or staged in `group`)."""
-  plt = pyplot()
-  paths = [plot_acceptance(records, os.path.join(out, "acceptance_by_depth.png"), group)]
-  datasets = list(dict.fromkeys(r.dataset for r in records))
-  fig, axes = plt.subplots(1, len(datasets), figsize=(6 * len(datasets), 4), squeeze=False)
-  for ax, dataset in zip(axes[0], datasets):
-    rows = [r for r in records if r.dataset == dataset]
-    x = np.arange(len(rows))
-    profiled = rows[0].figures is not None  # phase timings were measured
-    width = 0.4 if profiled else 0.8
-    ax.bar(x - 0.2 if profiled else x, [r.speedup for r in rows], width, label="measured")
-    if profiled:
-      ax.bar(x + 0.2, [np.nan if r.figures.ideal_speedup is None else r.figures.ideal_speedup
-                        for r in rows], width, label="ideal (tau x t_AR / t_round)")
-    ax.axhline(1.0, color="k", lw=0.8)
-    ax.set_xticks(x, [r.method for r in rows], rotation=30, ha="right")
-    ax.set(title=f"speedup vs autoregressive: {dataset}", ylabel="x")
-    ax.legend()
-  fig.tight_layout()
-  paths.append(os.path.join(out, "speedup.png"))
-  try:
-    (files if group is None else group).save_figure(fig, paths[-1], dpi=120)
-  finally:
-    plt.close("all")
-  return paths
 
 
 def configured_target(cfg: BenchmarkConfig) -> Target:

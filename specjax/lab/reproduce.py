@@ -19,8 +19,9 @@ import numpy as np
 
 from specjax import config_utils, decoding, distributed, files, provenance
 from specjax.config_utils import NonEmpty, NonEmptyStr, PosInt, config
-from specjax.lab.benchmark import BenchmarkConfig
+from specjax.lab.benchmark_config import BenchmarkConfig
 from specjax.lab.records import SCHEMA_VERSION
+from specjax.lab.report import measured_with
 from specjax.lab.session import Result, Session
 from specjax.lab.tables import TABLES
 from specjax.lab.tables.batch import BatchTable
@@ -102,7 +103,7 @@ def write(name: str, result: Result, cfg: ReproduceConfig, block: dict[str, Any]
   leaves the previous pair whole."""
   md, js = os.path.join(cfg.out, f"{name}.md"), os.path.join(cfg.out, f"{name}.json")
   with files.atomic_group() as group:
-    group.write_text(md, f"Measured with {provenance.header(block)}\n\n{result.markdown}\n"
+    group.write_text(md, f"{measured_with(provenance.header(block))}\n\n{result.markdown}\n"
                      f"Table time: {seconds:.0f} s.\n")
     group.write_json(js, {"table": name, "schema_version": SCHEMA_VERSION,
                           "config": config_utils.to_dict(cfg),

@@ -18,15 +18,13 @@ from typing import Any
 from specjax import drafters
 from specjax.drafters import registry
 from specjax.lab.benchmark import (
-  BenchmarkConfig,
   common_pad,
   configured_target,
-  dataset_name,
-  datasets_of,
   load_prompts,
   methods_of,
   run_methods,
 )
+from specjax.lab.benchmark_config import BenchmarkConfig, dataset_name, datasets_of
 from specjax.lab.records import AR, MethodRecord, add_speedups
 
 

@@ -9,8 +9,8 @@ import os
 import pytest
 
 from specjax import decoding, provenance
-from specjax.lab import benchmark
-from specjax.lab.benchmark import BenchmarkConfig, markdown, run, running_figures
+from specjax.lab import benchmark, report
+from specjax.lab.benchmark import BenchmarkConfig, run, running_figures
 from specjax.lab.records import (
   AR,
   MAX_RELATIVE_SPREAD,
@@ -84,7 +84,7 @@ def test_benchmark_runs_and_reports(tmp_path, monkeypatch):
   assert block["devices"] and block["date_utc"].endswith("Z") and block["command"]
   assert block["config"] == saved["config"]
   table = (tmp_path / "results.md").read_text()
-  assert table == markdown(both, cfg, provenance.header(block)) and "| eagle3 |" in table
+  assert table == report.markdown(both, cfg, provenance.header(block)) and "| eagle3 |" in table
   assert "### humaneval " in table and "### short_prompts " in table
   assert table.startswith("Measured with specjax ") and "Mesh:" not in table
   assert os.path.exists(tmp_path / "speedup.png")
@@ -109,7 +109,7 @@ def test_benchmark_without_phase_timings(tmp_path, monkeypatch):
   table = (tmp_path / "out" / "results.md").read_text()
   assert "| method | tau | tokens/s | speedup | target calls |\n" in table
   assert "| prompt_lookup | " in table and "ms/round" not in table
-  assert benchmark.FOOTNOTE not in table
+  assert report.FOOTNOTE not in table
   assert os.path.exists(tmp_path / "out" / "speedup.png")
 
 
@@ -241,7 +241,7 @@ def test_unreliable_figures_are_marked_not_clamped():
   assert by["too_fast"].figures.loop_efficiency > 1
   assert by["too_fast"].figures.unreliable_figures == ["loop_efficiency"]
   rows = {line.split("|")[1].strip(): line.split("|")[1:-1]
-          for line in markdown(records, BenchmarkConfig()).splitlines()
+          for line in report.markdown(records, BenchmarkConfig()).splitlines()
           if line.startswith("| ") and "method" not in line}
   assert not any("?" in c for c in rows["fine"]) and not any("?" in c for c in rows[AR])
   assert rows["negative"][5].strip() == "-0.30 ±0.10 ?"  # draft ms/round

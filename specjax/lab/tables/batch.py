@@ -11,7 +11,7 @@ from typing import Annotated, Any
 from specjax import drafters
 from specjax.config_utils import NonEmpty, NonEmptyStr, PosInt, config
 from specjax.lab import report
-from specjax.lab.benchmark import BenchmarkConfig
+from specjax.lab.benchmark_config import BenchmarkConfig
 from specjax.lab.records import AR, TableRow
 from specjax.lab.session import Result, Session, Table, check_methods, public
 

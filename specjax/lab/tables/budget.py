@@ -9,7 +9,8 @@ from typing import Annotated, Any
 from specjax.config_utils import NonEmpty, NonEmptyStr, PosInt, config
 from specjax.drafters import registry
 from specjax.lab import report
-from specjax.lab.benchmark import BenchmarkConfig, oracle_roofline
+from specjax.lab.benchmark import oracle_roofline
+from specjax.lab.benchmark_config import BenchmarkConfig
 from specjax.lab.records import AR
 from specjax.lab.session import Result, Session, Table, check_methods, family_of, public
 

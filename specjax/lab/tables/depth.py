@@ -6,8 +6,8 @@ import os
 
 from specjax.config_utils import NonEmptyStr, config
 from specjax.drafters import registry
-from specjax.lab.benchmark import BenchmarkConfig, plot_acceptance
-from specjax.lab.report import table
+from specjax.lab.benchmark_config import BenchmarkConfig
+from specjax.lab.report import plot_acceptance, table
 from specjax.lab.session import (
   Result,
   Session,

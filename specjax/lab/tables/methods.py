@@ -11,7 +11,7 @@ import numpy as np
 
 from specjax.config_utils import NonEmpty, NonNegFloat, PosInt, config
 from specjax.lab import report
-from specjax.lab.benchmark import BenchmarkConfig
+from specjax.lab.benchmark_config import BenchmarkConfig
 from specjax.lab.records import AR
 from specjax.lab.session import Result, Session, Table, prompt_counts, public
 

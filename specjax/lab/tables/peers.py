@@ -16,7 +16,7 @@ from specjax import assets
 from specjax.config_utils import NonNegInt, config
 from specjax.drafters import registry
 from specjax.lab import report
-from specjax.lab.benchmark import BenchmarkConfig
+from specjax.lab.benchmark_config import BenchmarkConfig
 from specjax.lab.records import AR, MethodRecord, TableRow
 from specjax.lab.session import Result, Session, Table, public
 from specjax.sharding import describe

@@ -14,7 +14,7 @@ import numpy as np
 from specjax.config_utils import NonEmpty, NonEmptyStr, PosInt, config
 from specjax.drafters import registry
 from specjax.lab import report
-from specjax.lab.benchmark import BenchmarkConfig
+from specjax.lab.benchmark_config import BenchmarkConfig
 from specjax.lab.records import AR, TableRow, unreliable_timings
 from specjax.lab.session import Result, Session, Table, check_methods, family_of, public
 
