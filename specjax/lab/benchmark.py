@@ -52,7 +52,6 @@ from specjax.lab.records import (
 )
 from specjax.lab.report import dataset_table, markdown, plot
 from specjax.rounds import prefill_chunks
-from specjax.sampling import SamplingConfig
 from specjax.sharding import bytes_per_device, describe, mesh_spec
 from specjax.target import Target
 
@@ -168,14 +167,15 @@ def run_methods(target: Target, runs: Sequence[tuple[str, dict[str, Any] | None]
   groups = [list(prompts[i:i + batch_size]) for i in range(0, len(prompts), batch_size)]
   setups = []
   memo = RunMemo() if memo is None else memo
+  sampling = cfg.sampling
   for method, options in runs:
     options = cfg.options_for(method) if options is None else options
     drafter = None if method == AR else build_drafter(method, target, cfg, options)
     kwargs = dict(max_new_tokens=cfg.max_new_tokens, drafter=drafter,
-                  temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
+                  temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
                   eos_token_id=[], pad_to=pad_to)
     setup_key = (method, repr(sorted(options.items())), cfg.drafter.get(method), pad_to,
-                 cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p)
+                 cfg.max_new_tokens, sampling)
     if (setup_key, batch_size) not in memo.warm:
       generate(target, groups[0], seed=cfg.seed, **kwargs)  # warm-up: compile, first calls
       memo.warm.add((setup_key, batch_size))
@@ -257,7 +257,7 @@ def phase_timings(target: Target, drafter, prompts: Sequence[list[int]], cfg: Be
   """`profile_phases` of one method in ms, as a record holds them."""
   phases = profile_phases(target, prompts, drafter=drafter, repeats=cfg.profile_repeats,
                           max_new_tokens=cfg.max_new_tokens, pad_to=pad_to,
-                          sampling=SamplingConfig(cfg.temperature, cfg.top_k, cfg.top_p))
+                          sampling=cfg.sampling)
   return PhaseTimings(
       **{f"{name}_ms": phases[name] * 1e3 for name in PHASES},
       **{f"{name}_spread_ms": phases[f"{name}_spread"] * 1e3 for name in PHASES},

@@ -22,6 +22,7 @@ from specjax.config_utils import (
   Seed,
   config,
 )
+from specjax.sampling import SamplingConfig
 from specjax.sharding import AUTO as AUTO_MESH
 from specjax.sharding import check_mesh_spec
 
@@ -86,6 +87,11 @@ class BenchmarkConfig:
     self.parsed_drafter_options()  # their syntax, before anything runs
     if self.mesh is not None and self.mesh != AUTO_MESH:
       check_mesh_spec(self.mesh)
+
+  @property
+  def sampling(self) -> SamplingConfig:
+    """`temperature`, `top_k` and `top_p` as the one value the lab's runs pass along."""
+    return SamplingConfig(self.temperature, self.top_k, self.top_p)
 
   def parsed_drafter_options(self) -> list[tuple[str, str, str, str]]:
     """(item, method, option, value text) of each `drafter_options` item, which must read

@@ -7,7 +7,8 @@ where it is written; its JSON form (`to_json`) is the flat object results.json h
 (the same keys, in the same order), and `from_json` reads it back. A group of figures that is
 measured or derived together (`PhaseTimings`, `PhaseFigures`) is a field of its own, absent
 (None) when the run did not produce it; an optional field that is None is left out of the JSON,
-as the run never wrote it.
+as the run never wrote it, unless None is one of its values (`options`: the config's), where
+`ABSENT` marks it unwritten.
 """
 
 from __future__ import annotations
@@ -25,6 +26,16 @@ PHASES = ("t_prefill", "t_draft", "t_verify")
 MAX_RELATIVE_SPREAD = 0.5
 # The layout of results.json and of the tables' JSON files; a reader refuses any other.
 SCHEMA_VERSION = 1
+
+
+class _Absent:
+  """The value of a field the run did not write, where None is a value it can hold."""
+
+  def __repr__(self) -> str:
+    return "ABSENT"
+
+
+ABSENT = _Absent()
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -85,7 +96,8 @@ class MethodRecord:
   dataset: str | None = None
   prompt_set: dict[str, int] | None = None  # `PromptSet.summary()` of the benchmark's run
   temperature: float | None = None  # a reproduce table's run
-  options: dict[str, Any] | None = None  # the builder options it ran with, where chosen
+  # The builder options it ran with, where the caller chose them (None: the config's).
+  options: dict[str, Any] | None | _Absent = ABSENT
   speedup: float | None = None  # tokens/s over AR's in the same run (`add_speedups`)
   speedup_repeats: list[float] | None = None  # per timed pass
   matches_autoregressive: bool | None = None  # outputs equal AR's
@@ -97,7 +109,8 @@ class MethodRecord:
     out: dict[str, Any] = {}
     for f in dataclasses.fields(self):
       value = getattr(self, f.name)
-      if value is None or (f.name == "outputs" and not outputs):
+      unset = value is ABSENT or (value is None and f.default is None)
+      if unset or (f.name == "outputs" and not outputs):
         continue
       if dataclasses.is_dataclass(value):
         out.update(dataclasses.asdict(value))

@@ -26,6 +26,7 @@ from specjax.lab.benchmark import (
 )
 from specjax.lab.benchmark_config import BenchmarkConfig, dataset_name, datasets_of
 from specjax.lab.records import AR, MethodRecord, add_speedups
+from specjax.sampling import SamplingConfig
 
 
 def is_learned(method: str, cfg: BenchmarkConfig) -> bool:
@@ -94,6 +95,15 @@ class Session:
       self._prompts[dataset, n] = load_prompts(self.target, self._sources[dataset], cfg)
     return self._prompts[dataset, n]
 
+  @property
+  def greedy(self) -> SamplingConfig:
+    """The job's sampling at temperature 0: what every table but `methods` decodes with."""
+    return dataclasses.replace(self.cfg.sampling, temperature=0.0)
+
+  def sampling_at(self, temperature: float) -> SamplingConfig:
+    """The job's sampling (its top-k and top-p) at `temperature`."""
+    return dataclasses.replace(self.cfg.sampling, temperature=float(temperature))
+
   @functools.cached_property
   def pad_to(self) -> int:
     """One padded prompt length for every table (`common_pad` over the datasets' prompts): each
@@ -101,20 +111,22 @@ class Session:
     return common_pad(self.target, [self.prompts(d) for d in self.datasets])
 
   def measure(self, dataset: str, runs: Sequence[tuple[str, dict[str, Any] | None]], *,
-              temperature: float = 0.0, repeats: int = 1, profile: bool = False,
+              sampling: SamplingConfig | None = None, repeats: int = 1, profile: bool = False,
               batch_size: int = 1, num_prompts: int | None = None) -> list[MethodRecord]:
-    """`run_methods` records of `runs` on `dataset`, with speedups when AR is among them. Kept
-    runs are reused when every one is there, timed as often and profiled if asked, and (for
-    speedups) from one run. The records are copies: a table may add to its own."""
+    """`run_methods` records of `runs` on `dataset`, with speedups when AR is among them, under
+    `sampling` (None: `greedy`). Kept runs are reused when every one is there, timed as often
+    and profiled if asked, and (for speedups) from one run. The records are copies."""
+    sampling = self.greedy if sampling is None else sampling
     n = len(self.prompts(dataset, num_prompts))
-    keys = [(dataset, float(temperature), batch_size, n, m, json.dumps(o, sort_keys=True))
+    keys = [(dataset, sampling, batch_size, n, m, json.dumps(o, sort_keys=True))
             for m, o in runs]
     kept = [self._runs.get(k) for k in keys]
     usable = all(k is not None and k[2] >= repeats and (k[3] or not profile) for k in kept)
     if usable and (len({k[1] for k in kept}) == 1 or all(m != AR for m, _ in runs)):
       return [copy.copy(k[0]) for k in kept]
-    cfg = dataclasses.replace(self.cfg, temperature=float(temperature))
-    records = [dataclasses.replace(r, dataset=dataset, temperature=float(temperature), options=o)
+    cfg = dataclasses.replace(self.cfg, temperature=sampling.temperature, top_k=sampling.top_k,
+                              top_p=sampling.top_p)
+    records = [dataclasses.replace(r, dataset=dataset, temperature=sampling.temperature, options=o)
                for r, (_, o) in zip(run_methods(
                    self.target, runs, self.prompts(dataset, num_prompts), cfg, self.bar,
                    repeats=repeats, profile=profile, batch_size=batch_size, pad_to=self.pad_to),

@@ -3,6 +3,7 @@ table prints is computed, autoregressive is the reference in the same run, outpu
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -209,6 +210,9 @@ def test_a_record_round_trips_through_its_json_form(tmp_path):
     public = r.to_json(outputs=False)
     assert "outputs" not in public and MethodRecord.from_json(public).outputs is None
   assert list(ar.to_json()) == [k for k in RESULT_KEYS if k != "prompt_set"]  # none chosen
+  # A reproduce run's options: None (the config's) is written, as null; unset, left out.
+  chosen = dataclasses.replace(ar, options=None)
+  assert chosen.to_json()["options"] is None and MethodRecord.from_json(chosen.to_json()) == chosen
   d = slow.to_json()
   assert d["draft_share"] is None and list(d).index("param_bytes") == RESULT_KEYS.index(
       "phases_reused") + 1

@@ -98,6 +98,7 @@ def test_methods_table(job):
   records = result.payload["records"]
   assert len(records) == 2 * len(datasets) * len(METHODS)
   for r in records:
+    assert r["options"] is None  # the config's options, written as such
     assert len(r["speedup_repeats"]) == cfg.methods_table.timing_repeats
     assert r["new_tokens"] == cfg.num_prompts * cfg.max_new_tokens and r["tau"] >= 1.0
     if r["temperature"] == 0:

@@ -33,7 +33,7 @@ def units(s: Session, t: MethodsTable) -> int:
 def build(s: Session, t: MethodsTable, out: str) -> Result:
   cfg, methods = s.cfg, s.methods()
   records = [r for temp in t.temperatures for d in s.datasets
-             for r in s.measure(d, [(m, None) for m in methods], temperature=temp,
+             for r in s.measure(d, [(m, None) for m in methods], sampling=s.sampling_at(temp),
                                 repeats=t.timing_repeats)]
   header = ["T", "method"] + [f"{d} {what}" for d in s.datasets for what in ("tau", "speedup")]
   header += ["mean tau", "mean speedup"]
