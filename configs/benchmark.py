@@ -12,7 +12,7 @@ drafting, ideal speedup) per dataset, results.json / results.md / PNG plots in `
 figures and the run time of the last full run are in the README's benchmark table.
 """
 
-from specjax.benchmark import BenchmarkConfig
+from specjax.lab.benchmark import BenchmarkConfig
 
 
 def get_config() -> BenchmarkConfig:

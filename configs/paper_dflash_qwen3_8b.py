@@ -16,7 +16,7 @@ DFlash's own chain over the whole block (`dflash`) and a best-first tree of 32 n
 same block's marginals (`dflash_tree`, the same folder). Parameters in bfloat16.
 """
 
-from specjax.benchmark import BenchmarkConfig
+from specjax.lab.benchmark import BenchmarkConfig
 
 TARGET_HUB = "Qwen/Qwen3-8B"
 DRAFTER_HUB = "z-lab/Qwen3-8B-DFlash-b16"

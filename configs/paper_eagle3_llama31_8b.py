@@ -15,7 +15,7 @@ model's chat template, as the paper's evaluation does; its tree is the authors' 
 (top-k 10, depth 7, 60 tokens with the root). Parameters in bfloat16 (16 GB of host memory).
 """
 
-from specjax.benchmark import BenchmarkConfig
+from specjax.lab.benchmark import BenchmarkConfig
 
 TARGET_HUB = "meta-llama/Llama-3.1-8B-Instruct"
 DRAFTER_HUB = "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"

@@ -2,12 +2,17 @@
 
   python -m experiments.reproduce all
   python -m experiments.reproduce methods --set num_prompts=16 --set max_new_tokens=128
+  python -m experiments.reproduce budget --set budget_table.nodes=1,4,16
 
 Sizes are chosen so that `all` fits in about half an hour on 2 CPU cores (compilation, one
 program per method, tree and batch size, takes much of it); every field can be overridden.
 """
 
-from specjax.reproduce import ReproduceConfig
+from specjax.lab.reproduce import ReproduceConfig
+from specjax.lab.tables.batch import BatchTable
+from specjax.lab.tables.budget import BudgetTable
+from specjax.lab.tables.methods import MethodsTable
+from specjax.lab.tables.theory import TheoryTable
 
 
 def get_config() -> ReproduceConfig:
@@ -20,14 +25,10 @@ def get_config() -> ReproduceConfig:
       max_new_tokens=64,
       seed=0,
       profile_repeats=20,
-      temperatures=(0.0, 1.0),
-      timing_repeats=3,
-      theory_methods=("draft_lm", "eagle"),
-      theory_lengths=(1, 2, 3, 4, 5, 6, 7, 8),
-      budget_methods=("eagle", "dflash"),
-      budget_nodes=(1, 2, 4, 8, 16, 32, 64),
-      batch_methods=("prompt_lookup", "draft_lm", "eagle"),
-      batch_sizes=(1, 4, 16),
-      batch_prompts=16,
+      methods_table=MethodsTable(temperatures=(0.0, 1.0), timing_repeats=3),
+      theory_table=TheoryTable(methods=("draft_lm", "eagle"), lengths=(1, 2, 3, 4, 5, 6, 7, 8)),
+      budget_table=BudgetTable(methods=("eagle", "dflash"), nodes=(1, 2, 4, 8, 16, 32, 64)),
+      batch_table=BatchTable(methods=("prompt_lookup", "draft_lm", "eagle"), sizes=(1, 4, 16),
+                             num_prompts=16),
       out="out/reproduce",
       mesh="auto")  # the target over every core, as torch's threads in the peers table

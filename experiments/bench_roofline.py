@@ -14,11 +14,11 @@ Beside the autoregressive step, its weight-streaming floor: the weights each dev
 step over the rate the devices stream weights at together: the least a step on this mesh
 can take.
 
-Then, per block size T = N + 1, where a verify step's time goes (`specjax.profiling`): the target
-forward, the LM head's share (T - 1 more rows of logits), attending the cache's empty slots,
+Then, per block size T = N + 1, where a verify step's time goes (`specjax.lab.profiling`): the
+target forward, the LM head's share (T - 1 more rows of logits), attending the cache's empty slots,
 acceptance (greedy and sampled), the cache commit, and the loop's whole verify phase.
 
-Last, the kernels of one decode round, from JAX's profiler (`specjax.profiling.kernel_times`):
+Last, the kernels of one decode round, from JAX's profiler (`specjax.lab.profiling.kernel_times`):
 per phase and part (verify/attention, verify/mlp, draft/..., with their norms and residual
 adds), how many kernels it launches and their time, for autoregressive decoding, an oracle
 chain of N (`chainN`) and any drafter available for the target (`--kernels`).
@@ -30,9 +30,8 @@ import numpy as np
 
 import specjax
 from specjax import assets, cli, compile_cache, drafters, sharding
-from specjax.benchmark import oracle_roofline
-from specjax.metrics import markdown_table
-from specjax.profiling import (
+from specjax.lab.benchmark import oracle_roofline
+from specjax.lab.profiling import (
   PARTS,
   kernel_times,
   random_chain,
@@ -40,6 +39,7 @@ from specjax.profiling import (
   stream_bandwidth,
   verify_parts,
 )
+from specjax.metrics import markdown_table
 
 
 def large_random_target(dtype: str, compute_dtype: str) -> specjax.Target:

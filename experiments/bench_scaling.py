@@ -86,8 +86,8 @@ def load_prompts(target, dataset: str, count: int, max_prompt_tokens: int, seed:
     rs = np.random.RandomState(seed)
     return [rs.randint(0, target.config.vocab_size, size=max_prompt_tokens).tolist()
             for _ in range(count)]
-  from specjax.benchmark import BenchmarkConfig
-  from specjax.benchmark import load_prompts as benchmark_prompts
+  from specjax.lab.benchmark import BenchmarkConfig
+  from specjax.lab.benchmark import load_prompts as benchmark_prompts
   rows = benchmark_prompts(target, dataset, BenchmarkConfig(
       num_prompts=count, max_prompt_tokens=max_prompt_tokens, data_dir=data_dir))
   if not rows:
@@ -96,7 +96,7 @@ def load_prompts(target, dataset: str, count: int, max_prompt_tokens: int, seed:
 
 
 def _bytes(n: int | None) -> str:
-  from specjax.benchmark import format_bytes
+  from specjax.lab.report import format_bytes
   return "-" if n is None else format_bytes(n)
 
 
@@ -151,9 +151,9 @@ def main(argv=None) -> dict:
   import jax
 
   from specjax import assets, config_utils, decoding, drafters, files, provenance, sharding
-  from specjax.benchmark import param_bytes
   from specjax.decoding import generate
   from specjax.interop.hf import load_target
+  from specjax.lab.benchmark import param_bytes
 
   cli.check_out_file(parser, args.out)  # before measuring
   path = args.target or assets.TARGET_DIR

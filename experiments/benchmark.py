@@ -15,7 +15,8 @@ import json
 import os
 
 from specjax import cli, distributed, provenance
-from specjax.benchmark import FOOTNOTE, BenchmarkConfig, layout_lines, run
+from specjax.lab.benchmark import BenchmarkConfig, run
+from specjax.lab.report import FOOTNOTE, layout_lines, measured_with
 
 
 @cli.usage_errors
@@ -31,13 +32,13 @@ def main(argv=None):
   with open(os.path.join(cfg.out, "results.json")) as f:
     saved = json.load(f)
   print()
-  print(f"Measured with {provenance.header(saved['provenance'])}")
+  print(measured_with(provenance.header(saved["provenance"])))
   if saved.get("layout"):
     print("\n".join(layout_lines(saved["layout"])))
   if cfg.profile:
     print(FOOTNOTE)
-  bad = [f"{r['method']}/{r['dataset']}" for r in records
-         if cfg.temperature == 0 and not r["matches_autoregressive"]]
+  bad = [f"{r.method}/{r.dataset}" for r in records
+         if cfg.temperature == 0 and not r.matches_autoregressive]
   if bad:
     print(f"WARNING: greedy outputs differ from autoregressive for {bad}")
   print(f"results in {cfg.out}/results.json, results.md, acceptance_by_depth.png, speedup.png")

@@ -100,7 +100,8 @@ import matplotlib.pyplot as plt
 from IPython.display import Markdown, display
 
 import specjax
-from specjax import assets, benchmark, drafters, sharding
+from specjax import assets, drafters, sharding
+from specjax.lab import benchmark
 
 devices = jax.devices()
 print(f"{len(devices)} {devices[0].platform} devices ({devices[0].device_kind}); "

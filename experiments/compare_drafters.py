@@ -19,10 +19,10 @@ from __future__ import annotations
 import os
 
 from specjax import assets, cli, compile_cache, drafters, metrics
-from specjax.benchmark import BenchmarkConfig, load_prompts
 from specjax.decoding import generate
 from specjax.drafters import io, registry
 from specjax.interop.hf import load_target
+from specjax.lab.benchmark import BenchmarkConfig, load_prompts
 from specjax.train.drafter import heldout_scores
 
 

@@ -3,18 +3,21 @@
   python -m experiments.reproduce methods
   python -m experiments.reproduce all                               # every table, one job
   python -m experiments.reproduce depth --set num_prompts=8 --set max_new_tokens=128
+  python -m experiments.reproduce methods --set methods_table.temperatures=0
   python -m experiments.reproduce methods --set target=DIR --set drafter.eagle3=DIR
   python -m experiments.reproduce budget --config my_reproduce.py --out out/mine
 
 Writes OUT/<table>.md, OUT/<table>.json and OUT/<table>.png (OUT: the config's `out`,
 out/reproduce by default), prints each table and how long it took. What each table shows:
-`specjax.reproduce` and the README's "Reproducing tables".
+`specjax.lab.tables` and the README's "Reproducing tables". Each table's own fields are its
+config's: --set theory_table.lengths=1,2,4 (`--help` lists them).
 """
 
 from __future__ import annotations
 
 from specjax import cli, distributed
-from specjax.reproduce import TABLES, ReproduceConfig, run
+from specjax.lab.reproduce import ReproduceConfig, run
+from specjax.lab.tables import TABLES
 
 
 @cli.usage_errors

@@ -26,8 +26,9 @@ import json
 import os
 
 from specjax import assets, cli, compile_cache, files, metrics, provenance
-from specjax.benchmark import BenchmarkConfig, sweep_trees
 from specjax.drafters import io, registry
+from specjax.lab import report
+from specjax.lab.benchmark import BenchmarkConfig, sweep_trees
 
 # The history's recent tokens join the draft vocabulary each round at almost no cost
 # (`recent_tokens`): every candidate gets them.
@@ -60,10 +61,6 @@ def parse_candidates(text: str) -> list[dict]:
       isinstance(c, dict) for c in candidates):
     cli.fail(f"--candidates must be a non-empty JSON list of option dicts, got {text!r}")
   return candidates
-
-
-def _ms(r: dict, name: str) -> str:
-  return f"{r[f'{name}_ms']:.2f}" + (" ?" if name in r["unreliable_figures"] else "")
 
 
 @cli.usage_errors
@@ -121,26 +118,29 @@ def main(argv=None):
   except ValueError as e:  # a drafter folder that does not load, options it refuses
     cli.fail(str(e))
   block = provenance.collect(dict(vars(args), benchmark=cfg))
-  print(f"Measured with {provenance.header(block)}")
+  print(report.measured_with(provenance.header(block)))
   print("\n".join(metrics.markdown_table(
       ["options", "nodes", "tau", "speedup", "draft ms", "verify ms", "ideal"])))
   for r in records[1:]:
-    ideal = "n/a" if r["ideal_speedup"] is None else f"{r['ideal_speedup']:.2f}x"
-    print(f"| {json.dumps({k: v for k, v in r['options'].items() if k != 'path'})} | "
-          f"{r['draft_nodes']} | {r['tau']:.2f} | {r['speedup']:.2f}x | {_ms(r, 't_draft')} | "
-          f"{_ms(r, 't_verify')} | {ideal}{' ?' * r['unreliable']} |")
+    bad = r.figures.unreliable_figures
+    ideal = "n/a" if r.figures.ideal_speedup is None else f"{r.figures.ideal_speedup:.2f}x"
+    print(f"| {json.dumps({k: v for k, v in r.options.items() if k != 'path'})} | "
+          f"{r.draft_nodes} | {r.tau:.2f} | {r.speedup:.2f}x | "
+          f"{report.ms(r.phases.t_draft_ms, 't_draft' in bad)} | "
+          f"{report.ms(r.phases.t_verify_ms, 't_verify' in bad)} | "
+          f"{ideal}{' ?' * r.figures.unreliable} |")
   print("`?`: an unreliable timing (not positive, or spread across trials too wide)")
-  best = max(records[1:], key=lambda r: r["speedup"])
-  print(f"fastest: {best['options']} ({best['speedup']:.2f}x, tau {best['tau']:.2f})")
-  if best["speedup"] < 1 or best["unreliable"]:
+  best = max(records[1:], key=lambda r: r.speedup)
+  print(f"fastest: {best.options} ({best.speedup:.2f}x, tau {best.tau:.2f})")
+  if best.speedup < 1 or best.figures.unreliable:
     print("WARNING: the fastest tree " + ("is slower than autoregressive decoding"
-                                          if best["speedup"] < 1 else "rests on unreliable "
+                                          if best.speedup < 1 else "rests on unreliable "
                                           "timings (`?`)") + ": measure on more prompts "
           "(--num-prompts, --max-new-tokens) before trusting it" + (
               ", although --save records it as the folder's default" if args.save else ""))
   summary = {"provenance": block, "method": args.method,
-             "best": {k: v for k, v in best["options"].items() if k != "path"},
-             "records": [{k: v for k, v in r.items() if k != "outputs"} for r in records]}
+             "best": {k: v for k, v in best.options.items() if k != "path"},
+             "records": [r.to_json(outputs=False) for r in records]}
   outs = ([args.out] if args.out else []) + (
       [os.path.join(args.path, RESULTS)] if args.save else [])
   for out in outs:  # each atomically: a failed write keeps the previous file

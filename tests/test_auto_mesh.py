@@ -21,8 +21,8 @@ import pytest
 
 import specjax
 from specjax import assets, cli, distributed, drafters, sharding
-from specjax.benchmark import BenchmarkConfig, run
 from specjax.interop.hf import load_target
+from specjax.lab.benchmark import BenchmarkConfig, run
 from tests.helpers import tiny_targets as tt
 
 
@@ -166,6 +166,6 @@ def test_benchmark_on_the_auto_mesh_reports_it(tmp_path, monkeypatch):
                         datasets=("humaneval",), num_prompts=1, max_new_tokens=8,
                         profile_repeats=1, mesh="auto", out=str(tmp_path))
   records = run(cfg)
-  assert all(r["matches_autoregressive"] for r in records)
+  assert all(r.matches_autoregressive for r in records)
   table = (tmp_path / "results.md").read_text()
   assert "Mesh: dp=1,tp=2 over 2 cpu devices" in table

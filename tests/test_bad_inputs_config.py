@@ -13,8 +13,8 @@ import dataclasses
 
 import pytest
 
-from specjax.benchmark import BenchmarkConfig
 from specjax.config_utils import load_config
+from specjax.lab.benchmark import BenchmarkConfig
 from specjax.models.config import ModelConfig
 from specjax.train.optim import OptimConfig
 
@@ -94,24 +94,32 @@ CASES = {
     "field_of_a_value": (bench("num_prompts.x=1"), r"num_prompts is not a config"),
     "no_equals": (bench("num_prompts"), r"override 'num_prompts' is not of the form"),
     # -- reproduce -------------------------------------------------------------------------------
-    "batch_sizes_zero": (repro("batch_sizes=0"), r"batch_sizes\[0\] must be an int >= 1, got '0'"),
-    "batch_sizes_second_zero": (repro("batch_sizes=4,0"), r"batch_sizes\[1\] must be an int >= 1"),
-    "batch_sizes_empty": (repro("batch_sizes="), r"batch_sizes must hold at least 1 item\(s\)"),
-    "timing_repeats_zero": (repro("timing_repeats=0"), r"timing_repeats must be an int >= 1"),
-    "temperatures_negative": (repro("temperatures=0,-1"),
-                              r"temperatures\[1\] must be a float >= 0, got '-1'"),
-    "theory_lengths_zero": (repro("theory_lengths=0,2"),
-                            r"theory_lengths\[0\] must be an int >= 1"),
-    "budget_nodes_word": (repro("budget_nodes=8,many"),
-                          r"budget_nodes\[1\] must be an int, got 'many'"),
-    "peer_threads_negative": (repro("peer_threads=-2"), r"peer_threads must be an int >= 0"),
-    "batch_prompts_zero": (repro("batch_prompts=0"), r"batch_prompts must be an int >= 1"),
-    "budget_method_not_learned": (repro("budget_methods=prompt_lookup"),
-                                  r"budget_methods holds 'prompt_lookup', which it cannot run: it "
-                                  r"takes \['dflash'"),
-    "batch_method_unknown": (repro("batch_methods=nope"), r"batch_methods holds 'nope'"),
+    "batch_sizes_zero": (repro("batch_table.sizes=0"),
+                         r"batch_table\.sizes\[0\] must be an int >= 1, got '0'"),
+    "batch_sizes_second_zero": (repro("batch_table.sizes=4,0"),
+                                r"batch_table\.sizes\[1\] must be an int >= 1"),
+    "batch_sizes_empty": (repro("batch_table.sizes="),
+                          r"batch_table\.sizes must hold at least 1 item\(s\)"),
+    "timing_repeats_zero": (repro("methods_table.timing_repeats=0"),
+                            r"methods_table\.timing_repeats must be an int >= 1"),
+    "temperatures_negative": (repro("methods_table.temperatures=0,-1"),
+                              r"methods_table\.temperatures\[1\] must be a float >= 0, got '-1'"),
+    "theory_lengths_zero": (repro("theory_table.lengths=0,2"),
+                            r"theory_table\.lengths\[0\] must be an int >= 1"),
+    "budget_nodes_word": (repro("budget_table.nodes=8,many"),
+                          r"budget_table\.nodes\[1\] must be an int, got 'many'"),
+    "peer_threads_negative": (repro("peers_table.threads=-2"),
+                              r"peers_table\.threads must be an int >= 0"),
+    "batch_prompts_zero": (repro("batch_table.num_prompts=0"),
+                           r"batch_table\.num_prompts must be an int >= 1"),
+    "budget_method_not_learned": (repro("budget_table.methods=prompt_lookup"),
+                                  r"budget_table\.methods holds 'prompt_lookup', which it cannot "
+                                  r"run: it takes \['dflash'"),
+    "batch_method_unknown": (repro("batch_table.methods=nope"),
+                             r"batch_table\.methods holds 'nope'"),
+    "table_config_set_whole": (repro("batch_table=3"), r"batch_table is a config"),
     "drafter_option_name_of_a_method_not_run": (
-        lambda: __import__("specjax.benchmark", fromlist=["x"]).check_drafter_options(
+        lambda: __import__("specjax.lab.benchmark", fromlist=["x"]).check_drafter_options(
             load_config("configs/benchmark.py", ["drafter_options=medusa.depth=3"]),
             ["autoregressive"]),
         r"drafter option 'medusa\.depth=3': drafter 'medusa' has no option 'depth'; its options: "
@@ -206,10 +214,10 @@ COMMAND_LINES = {
     "benchmark_set_without_value": ("benchmark", ["--set", "temperature"],
                                     r"override 'temperature' is not of the form"),
     "reproduce_unknown_table": ("reproduce", ["tables"], r"argument table: invalid choice"),
-    "reproduce_zero_batch": ("reproduce", ["batch", "--set", "batch_sizes=0"],
-                             r"batch_sizes\[0\] must be an int >= 1"),
-    "reproduce_zero_repeats": ("reproduce", ["methods", "--set", "timing_repeats=0"],
-                               r"timing_repeats must be an int >= 1"),
+    "reproduce_zero_batch": ("reproduce", ["batch", "--set", "batch_table.sizes=0"],
+                             r"batch_table\.sizes\[0\] must be an int >= 1"),
+    "reproduce_zero_repeats": ("reproduce", ["methods", "--set", "methods_table.timing_repeats=0"],
+                               r"methods_table\.timing_repeats must be an int >= 1"),
     "train_drafter_without_config": ("train_drafter", [], r"the following arguments are "
                                                           r"required: --config"),
     "train_drafter_stop_after_zero": ("train_drafter", ["--config", "configs/eagle_stdlib.py",
@@ -251,8 +259,8 @@ def test_bad_command_line_exits_2_with_one_line(case, capsys):
 
 @pytest.mark.parametrize("module,argv,fields", [
     ("benchmark", [], ["num_prompts: int >= 1 = 16", "top_p: float in (0, 1] = 1.0"]),
-    ("reproduce", ["methods"], ["batch_sizes: list of int >= 1 (at least 1) = 1,4,16",
-                                "timing_repeats: int >= 1 = 3"]),
+    ("reproduce", ["methods"], ["batch_table.sizes: list of int >= 1 (at least 1) = 1,4,16",
+                                "methods_table.timing_repeats: int >= 1 = 3"]),
     ("train_drafter", ["--config", "configs/eagle_stdlib.py"],
      ["optim.learning_rate: float > 0 = 0.002", "source: 'corpus' | 'self_distill' = "
       "self_distill", "family.regression_weight: float >= 0 = 1.0"]),
@@ -309,8 +317,8 @@ MORE_CASES = {
                                       r"chat template, which this run does not use"),
     "two_prompt_files_of_one_name": (bench("datasets=/a/p.jsonl,/b/p.jsonl"),
                                      r"datasets holds several entries named \['p'\]"),
-    "batch_larger_than_its_prompts": (repro("batch_sizes=1,32"),
-                                      r"batch_sizes holds 32, more than the batch_prompts \(16\)"),
+    "batch_larger_than_its_prompts": (repro("batch_table.sizes=1,32"),
+                                      r"sizes holds 32, more than the num_prompts \(16\)"),
 }
 
 
@@ -322,7 +330,7 @@ def test_more_bad_configs(case):
 
 
 def test_an_unused_drafter_label_is_refused():
-  from specjax.benchmark import check_drafter_folders
+  from specjax.lab.benchmark import check_drafter_folders
   cfg = load_config("configs/benchmark.py", ["drafter.myeagle=/x", "methods=autoregressive"])
   with pytest.raises(ValueError, match=r"drafter\.myeagle labels a folder the run does not "
                                        r"measure"):

@@ -18,9 +18,9 @@ from safetensors.numpy import load_file, save_file
 
 import specjax
 from specjax import drafters
-from specjax.benchmark import BenchmarkConfig, load_prompts
 from specjax.data import prompts as prompt_files
 from specjax.drafters import io
+from specjax.lab.benchmark import BenchmarkConfig, load_prompts
 from tests.helpers import tiny_targets as tt
 
 V = tt.GREEDY_VOCAB
@@ -233,7 +233,7 @@ def test_missing_prompt_file_and_conversation_without_template(tmp_path):
 def test_benchmark_keeps_short_prompts_and_says_what_ran(tmp_path):
   """Prompts of one token run (they were once dropped silently below 8 tokens), prompts are cut
   to their last max_prompt_tokens tokens, and the set reports both."""
-  from specjax.benchmark import prompt_set
+  from specjax.lab.benchmark import prompt_set
   target = specjax.load_target("specjax/assets/target")
   path = _prompt_file(tmp_path, b'"x"\n"def f():"\n"' + b"a = 1\\n" * 40 + b'"\n')
   cfg = BenchmarkConfig(prompts=str(path), num_prompts=8, max_prompt_tokens=16)
@@ -420,11 +420,11 @@ def test_chat_template_refuses_a_switch_it_does_not_read():
 
 
 def test_the_table_header_says_what_ran():
-  from specjax.benchmark import dataset_table
+  from specjax.lab.report import dataset_table
+  from tests.helpers.records import record as method_record
   cfg = BenchmarkConfig(num_prompts=16, max_prompt_tokens=256, profile=False)
-  record = {"dataset": "stdlib_heldout", "method": "autoregressive", "tau": 1.0,
-            "tokens_per_second": 1.0, "speedup": 1.0, "target_calls": 1,
-            "prompt_set": {"prompts": 5, "available": 5, "empty_skipped": 1, "truncated": 3}}
+  record = method_record(dataset="stdlib_heldout", speedup=1.0, prompt_set={
+      "prompts": 5, "available": 5, "empty_skipped": 1, "truncated": 3})
   assert dataset_table([record], cfg)[0] == (
       "### stdlib_heldout (T=0.0, 5 prompts (of 16 asked: the dataset has 5) x 128 new tokens, "
       "batch 1; 1 empty prompt(s) skipped, 3 cut to their last 256 tokens)")

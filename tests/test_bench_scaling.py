@@ -10,7 +10,7 @@ import pytest
 
 from experiments import bench_scaling
 from specjax import sharding
-from specjax.benchmark import AR
+from specjax.lab.benchmark import AR
 
 
 @pytest.fixture(scope="module")

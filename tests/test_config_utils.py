@@ -12,7 +12,6 @@ import json
 
 import pytest
 
-from specjax.benchmark import BenchmarkConfig
 from specjax.config_utils import (
   apply_overrides,
   from_dict,
@@ -21,6 +20,7 @@ from specjax.config_utils import (
   parse_value,
   to_dict,
 )
+from specjax.lab.benchmark import BenchmarkConfig
 from specjax.models.config import ModelConfig, RopeScaling
 
 

@@ -330,17 +330,18 @@ def test_atomic_dir_falls_back_to_file_by_file_where_the_folder_cannot_move(tmp_
 
 
 def _results_records():
-  from specjax.benchmark import AR, _finish
+  from specjax.lab.records import AR, finish
+  from tests.helpers.records import record
   records = []
   for method, draft, verify in ((AR, 0.0, 4.0), ("eagle", 1.0, 6.0)):
-    records.append({
-        "method": method, "dataset": "d", "tau": 2.0, "tokens_per_second": 100.0,
-        "tokens_per_second_repeats": [100.0], "target_calls": 16, "new_tokens": 32,
-        "outputs": [[1], [2]], "draft_nodes": 4, "t_prefill_ms": 5.0,
-        "t_prefill_spread_ms": 0.1, "t_draft_ms": draft, "prefill_chunks": 2,
-        "prefill_chunks_timed": 1, "t_draft_spread_ms": 0.1, "t_verify_ms": verify,
-        "t_verify_spread_ms": 0.1, "acceptance_by_depth": [] if method == AR else [0.8, 0.5]})
-  _finish(records)
+    records.append(record(
+        method=method, dataset="d", tau=2.0, tokens_per_second=100.0,
+        tokens_per_second_repeats=[100.0], target_calls=16, new_tokens=32,
+        outputs=[[1], [2]], draft_nodes=4, t_prefill_ms=5.0,
+        t_prefill_spread_ms=0.1, t_draft_ms=draft, prefill_chunks=2,
+        prefill_chunks_timed=1, t_draft_spread_ms=0.1, t_verify_ms=verify,
+        t_verify_spread_ms=0.1, acceptance_by_depth=[] if method == AR else [0.8, 0.5]))
+  finish(records)
   return records
 
 
@@ -348,7 +349,8 @@ def test_benchmark_results_failing_at_the_second_file_keep_the_previous_results(
                                                                                 monkeypatch):
   """results.json, results.md and the plots are replaced together: a full disk while writing
   results.md leaves the previous results.json parseable and every previous file as it was."""
-  from specjax import benchmark, provenance
+  from specjax import provenance
+  from specjax.lab import benchmark
   cfg = benchmark.BenchmarkConfig(out=str(tmp_path / "out"), datasets=("humaneval",))
   records = _results_records()
   block = provenance.collect(cfg)

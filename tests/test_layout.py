@@ -50,13 +50,12 @@ LAYERS = (
      ["specjax.rounds", "specjax.decoding", "specjax"]),
     ("data and training", ["specjax.data.*", "specjax.train.*"]),
     ("entry-point plumbing", ["specjax.cli"]),
-    ("the lab", ["specjax.lab.*", "specjax.benchmark", "specjax.reproduce", "specjax.profiling",
-                 "specjax.hlo"]),
+    ("the lab", ["specjax.lab.*"]),
     ("configs", ["configs.*"]),
     ("experiments", ["experiments.*"]),
 )
-# The measuring code: `specjax.lab`, and the modules moving into it. The library imports none of it.
-LAB = ("specjax.lab", "specjax.benchmark", "specjax.reproduce", "specjax.profiling", "specjax.hlo")
+# The measuring code. The library imports none of it.
+LAB = ("specjax.lab",)
 LAB_USERS = ("specjax.lab", "experiments", "configs")  # configs name the lab's config classes
 
 # Imports of a computed name allowed, by (module, function): the name is a user's input, not a

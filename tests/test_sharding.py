@@ -29,11 +29,11 @@ import numpy as np
 import pytest
 
 import specjax
-from specjax import assets, decoding, drafters, hlo, profiling, rounds, sharding
+from specjax import assets, decoding, drafters, rounds, sharding
 from specjax.drafters import draft_lm
 from specjax.drafters.io import load_drafter
 from specjax.interop.hf import load_target
-from specjax.lab import phases
+from specjax.lab import hlo, phases, profiling
 from tests.helpers import tiny_targets as tt
 
 MESHES = ("dp=1,tp=8", "dp=2,tp=4", "dp=4,tp=2", "dp=8,tp=1")
@@ -338,7 +338,7 @@ def test_greedy_identical_on_every_mesh(tiny, tiny_reference, name):
 def test_no_collective_races_in_any_program(tiny):
   """Every method's program on both drafter layouts (copied on dp=4,tp=2, split on dp=1,tp=8)
   orders each loop or branch that communicates against every other collective by data
-  (`specjax.hlo.races`): none can deadlock devices that enter them in different orders. The
+  (`specjax.lab.hlo.races`): none can deadlock devices that enter them in different orders. The
   programs are the matrix's own (compiled there already when it ran first)."""
   target, built = tiny
   assert rounds.PREFILL_CHUNK < PAD  # premise: the prefill's chunk loop is in the programs

@@ -183,7 +183,7 @@ def test_tune_tree_refuses_a_shipped_path_before_measuring(capsys, monkeypatch):
 
 
 def test_results_are_never_written_into_the_shipped_folder(tmp_path, monkeypatch):
-  from specjax import benchmark, reproduce
+  from specjax.lab import benchmark, reproduce
   monkeypatch.setattr(benchmark, "configured_target", lambda cfg: pytest.fail("measured"))
   before = _assets_state()
   out = os.path.join(assets.ASSETS_DIR, "results")

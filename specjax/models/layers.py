@@ -191,7 +191,7 @@ class DecoderLayer(nnx.Module):
 
   def __call__(self, x, cos, sin, new_mask, cache, layer, attn_fn):
     # The two sublayers are named scopes (with their norms and residual adds), which profilers
-    # file kernels under (`specjax.profiling.kernel_times`).
+    # file kernels under (`specjax.lab.profiling.kernel_times`).
     with jax.named_scope("attention"):
       attn_out, cache = self.self_attn(self.input_layernorm(x), cos, sin, new_mask, cache, layer,
                                        attn_fn)

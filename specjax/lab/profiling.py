@@ -54,7 +54,7 @@ from specjax.lab.phases import profile_phases, round_loop
 from specjax.models import decoder
 from specjax.models.cache import KVCache
 from specjax.rounds import commit_round
-from specjax.sampling import SamplingConfig
+from specjax.sampling import GREEDY, SamplingConfig
 from specjax.target import Target
 
 # Each row's timed parts, in seconds (the order `bench_roofline` prints them in).
@@ -271,8 +271,8 @@ def _trace_events(run: Callable[[], Any]) -> list[dict]:
 
 
 def kernel_times(target: Target, prompts, *, drafter=None, rounds: int = 20, trials: int = 3,
-                 max_new_tokens: int = 64, temperature: float = 0.0, pad_to: int | None = None
-                 ) -> dict[str, dict[str, float]]:
+                 max_new_tokens: int = 64, sampling: SamplingConfig = GREEDY,
+                 pad_to: int | None = None) -> dict[str, dict[str, float]]:
   """Per round of `generate`'s loop (draft, then verify; `lab.phases.round_loop`), by scope
   ('phase/part', see `scope_of`): {"kernels": how many it launches, "seconds": their time},
   and "total" over all scopes.
@@ -289,7 +289,7 @@ def kernel_times(target: Target, prompts, *, drafter=None, rounds: int = 20, tri
   rounds = checks.integer("rounds", rounds, lo=2)  # at 1, the first draft's kernels would count
   trials = checks.integer("trials", trials, lo=1)
   run, hlo = round_loop(target, prompts, drafter=drafter, max_new_tokens=max_new_tokens,
-                        sampling=SamplingConfig(temperature), pad_to=pad_to)
+                        sampling=sampling, pad_to=pad_to)
   scopes = hlo_scopes(hlo)
   run(rounds)  # the first call loads the executable and warms the caches
   durations = collections.defaultdict(list)

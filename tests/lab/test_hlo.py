@@ -1,5 +1,5 @@
-"""`specjax.hlo.races` on small programs compiled for 2 of the session's CPU devices: a loop that
-holds a collective races a collective it is not ordered against by data, and does not race one
+"""`specjax.lab.hlo.races` on small programs compiled for 2 of the session's CPU devices: a loop
+that holds a collective races a collective it is not ordered against by data, and does not race one
 whose result it reads or that reads its result; a value the loop only carries through orders
 nothing; two plain collectives never race (the runtime orders them)."""
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from specjax import hlo
+from specjax.lab import hlo
 
 N = 8
 

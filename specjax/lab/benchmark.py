@@ -22,135 +22,38 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable, Sequence
-from typing import Annotated, Any, Literal
+from typing import Any
 
 import jax
 import numpy as np
 from tqdm.auto import tqdm
 
 from specjax import assets, checks, config_utils, distributed, drafters, files, metrics, provenance
-from specjax.config_utils import (
-  Interval,
-  NonEmpty,
-  NonEmptyStr,
-  NonNegFloat,
-  NonNegInt,
-  PosInt,
-  Seed,
-  config,
-)
 from specjax.decoding import bucket_length, generate
 from specjax.drafters import registry
 from specjax.drafters.io import check_tree_options, load_drafter
 from specjax.interop.hf import load_target
 from specjax.interop.tokenizer import ChatTemplate
+from specjax.lab.benchmark_config import (
+  BenchmarkConfig,
+  dataset_name,
+  datasets_of,
+  is_prompt_file,
+)
 from specjax.lab.phases import profile_phases
-from specjax.rounds import PREFILL_CHUNK, prefill_chunks
-from specjax.sampling import SamplingConfig
-from specjax.sharding import AUTO as AUTO_MESH
-from specjax.sharding import bytes_per_device, check_mesh_spec, describe, mesh_spec
+from specjax.lab.records import (
+  AR,
+  PHASES,
+  SCHEMA_VERSION,
+  MethodRecord,
+  PhaseTimings,
+  add_speedups,
+  finish,
+)
+from specjax.lab.report import dataset_table, markdown, plot
+from specjax.rounds import prefill_chunks
+from specjax.sharding import bytes_per_device, describe, mesh_spec
 from specjax.target import Target
-
-AR = "autoregressive"
-PHASES = ("t_prefill", "t_draft", "t_verify")
-# A phase timing whose spread across trials (max - min of the per-trial estimates) exceeds this
-# fraction of its estimate is marked unreliable, as is one that is not positive: on a shared
-# machine a difference of two noisy loop timings can come out at or below zero.
-MAX_RELATIVE_SPREAD = 0.5
-
-
-DATASETS = ("humaneval", "stdlib_heldout", "stdlib_docstrings")
-DTYPES = Literal["float32", "bfloat16", "float16"]
-
-
-@config
-class BenchmarkConfig:
-  target: NonEmptyStr | None = None  # HF folder; None = the shipped embedded target
-  dtype: DTYPES = "float32"  # the target's parameters ("bfloat16": half the memory of float32)
-  methods: tuple[NonEmptyStr, ...] = ()  # () = AR + drafters.available(target) + `drafter`
-  # Drafter folders by method name, e.g. --set drafter.eagle3=PATH: any folder load_drafter
-  # reads (specjax's own, or a published EAGLE-3 / EAGLE / Medusa / DFlash checkpoint), an HF
-  # folder for draft_lm. A name that is no registered method labels a learned drafter's row.
-  drafter: dict[str, NonEmptyStr] = dataclasses.field(default_factory=dict)
-  # Datasets: "humaneval", "stdlib_heldout", "stdlib_docstrings" (docstring-to-code from held-out
-  # stdlib functions) or a JSONL prompt file (specjax.data.prompts).
-  datasets: Annotated[tuple[NonEmptyStr, ...], NonEmpty] = ("humaneval", "stdlib_heldout")
-  prompts: NonEmptyStr | None = None  # a JSONL prompt file; when set, the run's only dataset
-  chat_template: bool = False  # render prompts with the target's chat template
-  # The template's own switches, e.g. --set chat_options.enable_thinking=false (Qwen3).
-  chat_options: dict[str, bool] = dataclasses.field(default_factory=dict)
-  num_prompts: PosInt = 8  # per dataset (fewer when a dataset has fewer: the tables say so)
-  max_prompt_tokens: PosInt = 256  # a longer prompt keeps its last this many tokens
-  max_new_tokens: PosInt = 128
-  temperature: NonNegFloat = 0.0
-  top_k: NonNegInt = 0
-  top_p: Annotated[float, Interval(gt=0, le=1)] = 1.0
-  seed: Seed = 0
-  # Phase timings (draft, verify and prefill ms, and the drafting share, ideal speedups and loop
-  # efficiency built on them): one more compiled program per method. false leaves them out, for
-  # a quicker table of tau, tokens/s and speedup.
-  profile: bool = True
-  profile_repeats: PosInt = 10
-  out: NonEmptyStr = "out/benchmark"
-  data_dir: NonEmptyStr | None = None
-  # Per-method builder options as "method.option=value", e.g. "prompt_lookup.num_tokens=4".
-  drafter_options: tuple[str, ...] = ()
-  # A device mesh such as "dp=2,tp=4" (`specjax.sharding.make_mesh`); None = one device;
-  # "auto" = tensor parallelism over every core or device the target allows (`auto_mesh`).
-  mesh: NonEmptyStr | None = None
-
-  def __post_init__(self):
-    if self.prompts is not None and not is_prompt_file(self.prompts):
-      raise ValueError(f"prompts {self.prompts!r} is not a JSONL prompt file (a path ending in "
-                       ".jsonl or .json)")
-    if self.chat_options and not self.chat_template:
-      raise ValueError(f"chat_options {sorted(self.chat_options)} are switches of the chat "
-                       "template, which this run does not use: set chat_template=true too")
-    names = [dataset_name(d) for d in datasets_of(self)]
-    clash = sorted({n for n in names if names.count(n) > 1})
-    if clash:
-      raise ValueError(f"datasets holds several entries named {clash} in tables and results "
-                       "(a prompt file is named by its file name): rename one, or list each "
-                       "once")
-    for dataset in self.datasets:
-      if dataset not in DATASETS and not is_prompt_file(dataset):
-        raise ValueError(f"datasets holds {dataset!r}, which is no dataset: datasets are "
-                         f"{list(DATASETS)} or JSONL prompt files (paths ending in .jsonl or "
-                         ".json)")
-    self.parsed_drafter_options()  # their syntax, before anything runs
-    if self.mesh is not None and self.mesh != AUTO_MESH:
-      check_mesh_spec(self.mesh)
-
-  def parsed_drafter_options(self) -> list[tuple[str, str, str, str]]:
-    """(item, method, option, value text) of each `drafter_options` item, which must read
-    method.option=value."""
-    out = []
-    for item in self.drafter_options:
-      what, form = "drafter option", "method.option=value"
-      key, value = config_utils.parse_assignment(item, what, form)
-      name, _, option = key.partition(".")
-      if not option or not value:
-        raise ValueError(f"{what} {item!r} is not of the form {form}")
-      out.append((item, name, option, value))
-    return out
-
-  def options_for(self, method: str) -> dict[str, Any]:
-    """`method`'s builder options; values are Python literals (`4`, `[[0], [0, 0]]`) or text."""
-    return {option: config_utils.parse_value(value)
-            for _, name, option, value in self.parsed_drafter_options() if name == method}
-
-
-def datasets_of(cfg: BenchmarkConfig) -> tuple[str, ...]:
-  return (cfg.prompts,) if cfg.prompts else cfg.datasets
-
-
-def dataset_name(dataset: str) -> str:
-  """A dataset's label in tables: a prompt file by its name without extension."""
-  return os.path.splitext(os.path.basename(dataset))[0] if is_prompt_file(dataset) else dataset
-
-
-def is_prompt_file(dataset: str) -> bool:
-  return dataset.endswith((".jsonl", ".json"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,7 +128,7 @@ class RunMemo:
   padded length, new tokens, sampling), and the (setup, batch size) pairs whose program already
   ran, which need no warm-up again."""
 
-  phases: dict[tuple, dict[str, float]] = dataclasses.field(default_factory=dict)
+  phases: dict[tuple, PhaseTimings] = dataclasses.field(default_factory=dict)
   warm: set[tuple] = dataclasses.field(default_factory=set)
 
 
@@ -233,7 +136,7 @@ def run_methods(target: Target, runs: Sequence[tuple[str, dict[str, Any] | None]
                 prompts: Sequence[list[int]], cfg: BenchmarkConfig, bar=None, *,
                 repeats: int = 1, profile: bool = True, batch_size: int = 1,
                 memo: RunMemo | None = None, pad_to: int | None = None
-                ) -> list[dict[str, Any]]:
+                ) -> list[MethodRecord]:
   """Each (method, builder options or None for the config's) on every prompt.
 
   The runs are interleaved prompt by prompt (prompt 0 with every method, then prompt 1, ...), so
@@ -264,14 +167,15 @@ def run_methods(target: Target, runs: Sequence[tuple[str, dict[str, Any] | None]
   groups = [list(prompts[i:i + batch_size]) for i in range(0, len(prompts), batch_size)]
   setups = []
   memo = RunMemo() if memo is None else memo
+  sampling = cfg.sampling
   for method, options in runs:
     options = cfg.options_for(method) if options is None else options
     drafter = None if method == AR else build_drafter(method, target, cfg, options)
     kwargs = dict(max_new_tokens=cfg.max_new_tokens, drafter=drafter,
-                  temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
+                  temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
                   eos_token_id=[], pad_to=pad_to)
     setup_key = (method, repr(sorted(options.items())), cfg.drafter.get(method), pad_to,
-                 cfg.max_new_tokens, cfg.temperature, cfg.top_k, cfg.top_p)
+                 cfg.max_new_tokens, sampling)
     if (setup_key, batch_size) not in memo.warm:
       generate(target, groups[0], seed=cfg.seed, **kwargs)  # warm-up: compile, first calls
       memo.warm.add((setup_key, batch_size))
@@ -303,27 +207,26 @@ def run_methods(target: Target, runs: Sequence[tuple[str, dict[str, Any] | None]
   records = []
   for (method, drafter, _, setup_key), a in zip(setups, acc):
     alpha = metrics.acceptance_by_depth(a["hist"])  # None where never reached (JSON)
-    phases = {}
+    phases = None
     if profile:
       reused = setup_key in memo.phases
       if not reused:
         if bar is not None:  # the bar counts the timed runs: say what runs after them
           show(so_far, f"timing {method}'s phases")
         memo.phases[setup_key] = phase_timings(target, drafter, prompts[:1], cfg, pad_to)
-      phases = {**memo.phases[setup_key], "phases_reused": reused}
-    records.append({
-        "method": method, "tau": metrics.tau(a["tokens"], a["calls"]),
-        "tokens_per_second": repeats * a["tokens"] / sum(a["walls"]),
-        "tokens_per_second_repeats": [a["tokens"] / w for w in a["walls"]],
-        "target_calls": a["calls"], "new_tokens": a["tokens"], "wall_seconds": a["walls"][0],
-        "acceptance_by_depth": alpha, "accepted_by_depth": a["hist"].tolist(),
-        "batch_size": batch_size, "outputs": a["outputs"], "prompts": len(prompts),
-        "prefill_chunks": sum(max(prefill_chunks(len(p), pad_to) for p in group)
-                              for group in groups),
-        "draft_nodes": 0 if drafter is None else drafter.num_nodes,
-        **phases,
-        **({} if target.mesh is None or drafter is None
-           else {"param_bytes": param_bytes(drafter, target.mesh)})})
+      phases = dataclasses.replace(memo.phases[setup_key], phases_reused=reused)
+    records.append(MethodRecord(
+        method=method, tau=metrics.tau(a["tokens"], a["calls"]),
+        tokens_per_second=repeats * a["tokens"] / sum(a["walls"]),
+        tokens_per_second_repeats=[a["tokens"] / w for w in a["walls"]],
+        target_calls=a["calls"], new_tokens=a["tokens"], wall_seconds=a["walls"][0],
+        acceptance_by_depth=alpha, accepted_by_depth=a["hist"].tolist(),
+        batch_size=batch_size, outputs=a["outputs"], prompts=len(prompts),
+        prefill_chunks=sum(max(prefill_chunks(len(p), pad_to) for p in group)
+                           for group in groups),
+        draft_nodes=0 if drafter is None else drafter.num_nodes, phases=phases,
+        param_bytes=None if target.mesh is None or drafter is None
+        else param_bytes(drafter, target.mesh)))
   if bar is not None:
     bar.set_postfix_str(base_postfix)  # the caller's postfix: a later call starts from it
   return records
@@ -350,14 +253,15 @@ def running_figures(methods: Sequence[str], acc: Sequence[dict[str, Any]]) -> st
 
 
 def phase_timings(target: Target, drafter, prompts: Sequence[list[int]], cfg: BenchmarkConfig,
-                  pad_to: int) -> dict[str, float]:
-  """`profile_phases` of one method as record fields (`t_draft_ms`, `t_draft_spread_ms`, ...)."""
+                  pad_to: int) -> PhaseTimings:
+  """`profile_phases` of one method in ms, as a record holds them."""
   phases = profile_phases(target, prompts, drafter=drafter, repeats=cfg.profile_repeats,
                           max_new_tokens=cfg.max_new_tokens, pad_to=pad_to,
-                          sampling=SamplingConfig(cfg.temperature, cfg.top_k, cfg.top_p))
-  return {**{f"{name}_ms": phases[name] * 1e3 for name in PHASES},
-          **{f"{name}_spread_ms": phases[f"{name}_spread"] * 1e3 for name in PHASES},
-          "prefill_chunks_timed": max(prefill_chunks(len(p), pad_to) for p in prompts)}
+                          sampling=cfg.sampling)
+  return PhaseTimings(
+      **{f"{name}_ms": phases[name] * 1e3 for name in PHASES},
+      **{f"{name}_spread_ms": phases[f"{name}_spread"] * 1e3 for name in PHASES},
+      prefill_chunks_timed=max(prefill_chunks(len(p), pad_to) for p in prompts))
 
 
 def build_drafter(method: str, target: Target, cfg: BenchmarkConfig, options: dict[str, Any]):
@@ -383,241 +287,15 @@ def param_bytes(tree: Any, mesh) -> dict[str, int]:
           "one_copy": sum(int(x.size) * x.dtype.itemsize for x in leaves)}
 
 
-def layout(target: Target, records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def layout(target: Target, records: Sequence[MethodRecord]) -> dict[str, Any]:
   """The mesh of a run and the parameter bytes per device of the target and of each drafter
   (from the records of `run_methods`), for results.json and `markdown`."""
   by_method = {"target": param_bytes(target.params, target.mesh)}
   for r in records:
-    if "param_bytes" in r:
-      by_method.setdefault(r["method"], r["param_bytes"])
+    if r.param_bytes is not None:
+      by_method.setdefault(r.method, r.param_bytes)
   return {"mesh": describe(target.mesh), "mesh_spec": mesh_spec(target.mesh),
           "param_bytes": by_method}
-
-
-def unreliable_timings(r: dict[str, Any]) -> list[str]:
-  """The phase timings of a record that cannot be trusted: an estimate that is not positive, or
-  whose spread across trials exceeds MAX_RELATIVE_SPREAD of it. A method without a drafter has
-  no draft phase (t_draft is 0 by definition), so only its other phases are judged."""
-  bad = []
-  for name in PHASES:
-    if name == "t_draft" and not r["draft_nodes"]:
-      continue
-    est, spread = r[f"{name}_ms"], r[f"{name}_spread_ms"]
-    if est <= 0 or spread > MAX_RELATIVE_SPREAD * est:
-      bad.append(name)
-  return bad
-
-
-def _ratio(a: float, b: float) -> float | None:
-  """a / b, or None (JSON null) where a timing difference left b not positive."""
-  return a / b if b > 0 else None
-
-
-def add_speedups(records: list[dict[str, Any]]) -> dict[str, Any]:
-  """Adds to each record of one run its speedup over the run's AR record (overall and per
-  repeat) and whether its outputs equal AR's; returns the AR record."""
-  ar = next(r for r in records if r["method"] == AR)
-  for r in records:
-    r["speedup"] = r["tokens_per_second"] / ar["tokens_per_second"]
-    r["speedup_repeats"] = [a / b for a, b in zip(r["tokens_per_second_repeats"],
-                                                  ar["tokens_per_second_repeats"])]
-    r["matches_autoregressive"] = r["outputs"] == ar["outputs"]
-  return ar
-
-
-def _prefills(r: dict[str, Any]) -> float:
-  """ms of every prefill of a record's run: its timed prefill per chunk, times the run's chunks."""
-  return r["t_prefill_ms"] * r["prefill_chunks"] / r["prefill_chunks_timed"]
-
-
-def _finish(records: list[dict[str, Any]]) -> None:
-  """Adds speedup, drafting share, ideal speedup and loop efficiency relative to AR, and which
-  figures are unreliable (`unreliable_figures`; `unreliable` when any is)."""
-  ar = add_speedups(records)
-  t_ar = ar["t_verify_ms"]
-  ar_bad = [f"autoregressive {name}" for name in unreliable_timings(ar)]
-  for r in records:
-    round_ms = r["t_draft_ms"] + r["t_verify_ms"]
-    r["draft_share"] = _ratio(r["t_draft_ms"], round_ms)
-    r["ideal_speedup"] = _ratio(r["tau"] * t_ar, round_ms)
-    # End to end both pay a prefill per prompt: AR then one step per further token, the method
-    # its rounds. The prefill, timed alone on one prompt, is scaled to each prompt by its number
-    # of prefill chunks (`rounds.prefill_chunks`). The loop is judged against this bound.
-    n = len(r["outputs"])
-    ar_ms = _prefills(ar) + (ar["new_tokens"] - n) * t_ar
-    r["ideal_speedup_e2e"] = _ratio(ar_ms, _prefills(r) + (r["target_calls"] - n) * round_ms)
-    r["loop_efficiency"] = _ratio(r["speedup"], r["ideal_speedup_e2e"] or 0.0)
-    bad = unreliable_timings(r) + ([] if r is ar else ar_bad)
-    # Above 100% the measured run beat its own bound: the bound's timings were off.
-    if r["loop_efficiency"] is None or r["loop_efficiency"] > 1.0:
-      bad.append("loop_efficiency")
-    r["unreliable_figures"] = bad
-    r["unreliable"] = bool(bad)
-
-
-def _cell(value: float | None, spec: str, unreliable: bool, spread: float | None = None,
-          unit: str = "") -> str:
-  """A table cell: the value (`n/a` when undefined), its spread, and `?` when unreliable."""
-  text = "n/a" if value is None else format(value, spec) + unit
-  if spread is not None:
-    text += f" ±{format(spread, spec)}"
-  return text + (" ?" if unreliable else "")
-
-
-def format_bytes(n: int) -> str:
-  """`n` bytes in KiB below a MiB, MiB below a GiB, else GiB (two decimals)."""
-  for unit, size in (("GiB", 2**30), ("MiB", 2**20)):
-    if n >= size:
-      return f"{n / size:.2f} {unit}"
-  return f"{n / 2**10:.2f} KiB"
-
-
-def layout_lines(mesh_layout: dict[str, Any]) -> list[str]:
-  """The mesh line and a table of parameter bytes per device (see `layout`)."""
-  rows = [[name] + [format_bytes(b[k]) for k in ("min", "max", "total", "one_copy")]
-          for name, b in mesh_layout["param_bytes"].items()]
-  return [f"Mesh: {mesh_layout['mesh']}", "", *metrics.markdown_table(
-      ["parameters", "min per device", "max per device", "total over devices", "one copy"],
-      rows), ""]
-
-
-FOOTNOTE = (f"± is the spread (max - min) of a timing across trials; `?` marks a figure that is "
-            f"not positive, whose spread exceeds {MAX_RELATIVE_SPREAD:.0%} of it, that rests on "
-            f"such a timing, or a loop efficiency above 100%. The phase timings (draft, verify, "
-            f"prefill ms) depend on a method's shapes, not on its prompts: each is measured once "
-            f"per method and padded prompt length, on the first prompt of the first dataset "
-            f"that needs it. The prefill runs in chunks of {PREFILL_CHUNK} positions up to the "
-            f"prompt's length: the bound with prefill scales the timed one by each prompt's "
-            f"chunks.")
-
-
-def markdown(records: list[dict[str, Any]], cfg: BenchmarkConfig,
-             provenance_line: str | None = None, mesh_layout: dict[str, Any] | None = None
-             ) -> str:
-  """The results table per dataset. Timings show their spread across trials (±); a `?` marks a
-  figure that is unreliable (`unreliable_figures`) or rests on one that is. With `mesh_layout`
-  (a run on a mesh: `layout`) the mesh and the parameter bytes per device come first."""
-  lines = [f"Measured with {provenance_line}", ""] if provenance_line else []
-  lines += layout_lines(mesh_layout) if mesh_layout else []
-  for dataset in dict.fromkeys(r["dataset"] for r in records):
-    lines += dataset_table([r for r in records if r["dataset"] == dataset], cfg) + [""]
-  return "\n".join(lines + ([FOOTNOTE, ""] if cfg.profile else []))
-
-
-def prompts_ran(record: dict[str, Any], cfg: BenchmarkConfig) -> tuple[str, str]:
-  """The prompts a record's run decoded, as its table's header says: how many (of how many the
-  config asked for, when the dataset had fewer), and a note of the empty ones skipped and of
-  how many were cut ('' when none)."""
-  info = record.get("prompt_set")
-  if info is None:  # records of a caller that chose its own prompts
-    return f"{record.get('prompts', cfg.num_prompts)} prompts", ""
-  count = f"{info['prompts']} prompts"
-  if info["prompts"] < cfg.num_prompts:
-    count += f" (of {cfg.num_prompts} asked: the dataset has {info['available']})"
-  notes = []
-  if info["empty_skipped"]:
-    notes.append(f"{info['empty_skipped']} empty prompt(s) skipped")
-  if info["truncated"]:
-    notes.append(f"{info['truncated']} cut to their last {cfg.max_prompt_tokens} tokens")
-  return count, ", ".join(notes)
-
-
-def dataset_table(records: list[dict[str, Any]], cfg: BenchmarkConfig) -> list[str]:
-  """The Markdown lines of one dataset's table (its records, finished by `_finish`; without
-  `cfg.profile`, by `add_speedups`: no phase columns)."""
-  count, notes = prompts_ran(records[0], cfg)
-  lines = [f"### {records[0]['dataset']} (T={cfg.temperature}, {count} x {cfg.max_new_tokens} "
-           f"new tokens, batch 1{'; ' + notes if notes else ''})", ""]
-  header = ["method", "tau", "tokens/s", "speedup", "target calls"]
-
-  def measured(r: dict[str, Any]) -> list[Any]:
-    return [r["method"], f"{r['tau']:.2f}", f"{r['tokens_per_second']:.1f}",
-            f"{r['speedup']:.2f}x", r["target_calls"]]
-
-  if not cfg.profile:
-    return lines + metrics.markdown_table(header, [measured(r) for r in records])
-  lines += metrics.markdown_table(
-      header + ["draft ms/round", "verify ms/round", "prefill ms", "drafting share",
-                "ideal (decode)", "ideal (with prefill)", "loop efficiency", "unreliable"])
-  for r in records:
-    bad = set(r["unreliable_figures"])
-    own = {name: name in bad for name in PHASES}
-    ar_bad = {name: f"autoregressive {name}" in bad for name in PHASES}
-    decode = own["t_draft"] or own["t_verify"] or ar_bad["t_verify"]  # tau x t_AR / round
-    e2e = decode or own["t_prefill"] or ar_bad["t_prefill"]
-    lines.append(metrics.markdown_row(measured(r) + [
-        _cell(r["t_draft_ms"], ".2f", own["t_draft"], r["t_draft_spread_ms"]),
-        _cell(r["t_verify_ms"], ".2f", own["t_verify"], r["t_verify_spread_ms"]),
-        _cell(r["t_prefill_ms"], ".1f", own["t_prefill"], r["t_prefill_spread_ms"]),
-        _cell(r["draft_share"], ".0%", decode),
-        _cell(r["ideal_speedup"], ".2f", decode, unit="x"),
-        _cell(r["ideal_speedup_e2e"], ".2f", e2e, unit="x"),
-        _cell(r["loop_efficiency"], ".0%", e2e or "loop_efficiency" in bad),
-        ", ".join(r["unreliable_figures"]) or "-"]))
-  return lines
-
-
-def pyplot():
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  return plt
-
-
-def plot_acceptance(records: list[dict[str, Any]], path: str,
-                    group: files.FileGroup | None = None) -> str:
-  """Acceptance rate by draft depth, one panel per dataset and one line per method; saved
-  atomically, or staged in `group` (`files.atomic_group`) to be replaced with its files."""
-  plt = pyplot()
-  datasets = list(dict.fromkeys(r["dataset"] for r in records))
-  fig, axes = plt.subplots(1, len(datasets), figsize=(6 * len(datasets), 4), squeeze=False)
-  for ax, dataset in zip(axes[0], datasets):
-    for r in records:
-      alpha = r["acceptance_by_depth"]
-      if r["dataset"] == dataset and alpha:
-        ax.plot(range(1, len(alpha) + 1), [np.nan if a is None else a for a in alpha],
-                marker="o", label=r["method"])
-    ax.set(title=f"acceptance rate by depth: {dataset}", xlabel="draft depth d",
-           ylabel="P(accept d | accepted d-1)", ylim=(0, 1.05))
-    if ax.get_legend_handles_labels()[0]:
-      ax.legend()
-    else:  # autoregressive decoding alone drafts nothing
-      ax.text(0.5, 0.5, "no drafter in this run", ha="center", transform=ax.transAxes)
-  fig.tight_layout()
-  try:
-    (files if group is None else group).save_figure(fig, path, dpi=120)
-  finally:
-    plt.close(fig)
-  return path
-
-
-def plot(records: list[dict[str, Any]], out: str, group: files.FileGroup | None = None
-         ) -> list[str]:
-  """acceptance_by_depth.png and speedup.png in `out` (atomically, or staged in `group`)."""
-  plt = pyplot()
-  paths = [plot_acceptance(records, os.path.join(out, "acceptance_by_depth.png"), group)]
-  datasets = list(dict.fromkeys(r["dataset"] for r in records))
-  fig, axes = plt.subplots(1, len(datasets), figsize=(6 * len(datasets), 4), squeeze=False)
-  for ax, dataset in zip(axes[0], datasets):
-    rows = [r for r in records if r["dataset"] == dataset]
-    x = np.arange(len(rows))
-    profiled = "ideal_speedup" in rows[0]  # phase timings were measured
-    width = 0.4 if profiled else 0.8
-    ax.bar(x - 0.2 if profiled else x, [r["speedup"] for r in rows], width, label="measured")
-    if profiled:
-      ax.bar(x + 0.2, [np.nan if r["ideal_speedup"] is None else r["ideal_speedup"]
-                        for r in rows], width, label="ideal (tau x t_AR / t_round)")
-    ax.axhline(1.0, color="k", lw=0.8)
-    ax.set_xticks(x, [r["method"] for r in rows], rotation=30, ha="right")
-    ax.set(title=f"speedup vs autoregressive: {dataset}", ylabel="x")
-    ax.legend()
-  fig.tight_layout()
-  paths.append(os.path.join(out, "speedup.png"))
-  try:
-    (files if group is None else group).save_figure(fig, paths[-1], dpi=120)
-  finally:
-    plt.close("all")
-  return paths
 
 
 def configured_target(cfg: BenchmarkConfig) -> Target:
@@ -675,7 +353,7 @@ def check_drafter_options(cfg: BenchmarkConfig, methods: Sequence[str]) -> None:
 
 
 def run(cfg: BenchmarkConfig, report: Callable[[str], None] | None = None
-        ) -> list[dict[str, Any]]:
+        ) -> list[MethodRecord]:
   """Every method on every dataset; writes results.json, results.md and the plots to `cfg.out`.
   `report` (e.g. `print`) receives each dataset's table as soon as that dataset is done."""
   if distributed.is_main_process():  # before measuring
@@ -692,11 +370,11 @@ def run(cfg: BenchmarkConfig, report: Callable[[str], None] | None = None
   with tqdm(total=total, desc="benchmark", dynamic_ncols=True) as bar:
     for dataset, rows in prompts.items():
       bar.set_postfix(dataset=dataset)
-      group = [dict(r, dataset=dataset, prompt_set=sets[dataset].summary())
+      group = [dataclasses.replace(r, dataset=dataset, prompt_set=sets[dataset].summary())
                for r in run_methods(target, [(m, None) for m in methods], rows, cfg, bar,
                                     profile=cfg.profile, memo=memo, pad_to=pad_to)]
       if cfg.profile:
-        _finish(group)
+        finish(group)
       else:
         add_speedups(group)
       records += group
@@ -710,7 +388,7 @@ def run(cfg: BenchmarkConfig, report: Callable[[str], None] | None = None
   return records
 
 
-def write_results(cfg: BenchmarkConfig, records: list[dict[str, Any]], block: dict[str, Any],
+def write_results(cfg: BenchmarkConfig, records: Sequence[MethodRecord], block: dict[str, Any],
                   mesh_layout: dict[str, Any] | None = None) -> list[str]:
   """results.json, results.md and the plots in `cfg.out`, replaced together
   (`files.atomic_group`): a failure while writing any of them (a full disk) leaves the previous
@@ -721,7 +399,8 @@ def write_results(cfg: BenchmarkConfig, records: list[dict[str, Any]], block: di
     # allow_nan=False: the file stays valid JSON (undefined ratios are null, never NaN).
     paths = [group.write_json(
         os.path.join(out, "results.json"),
-        {"config": config_utils.to_dict(cfg), "provenance": block, "records": records,
+        {"schema_version": SCHEMA_VERSION, "config": config_utils.to_dict(cfg),
+         "provenance": block, "records": [r.to_json() for r in records],
          **({} if mesh_layout is None else {"layout": mesh_layout})},
         indent=1, allow_nan=False)]
     paths.append(group.write_text(os.path.join(out, "results.md"),
@@ -731,7 +410,7 @@ def write_results(cfg: BenchmarkConfig, records: list[dict[str, Any]], block: di
 
 
 def sweep_trees(method: str, candidates: Sequence[dict[str, Any]], cfg: BenchmarkConfig
-                ) -> list[dict[str, Any]]:
+                ) -> list[MethodRecord]:
   """Measures `method` with each tree option set beside AR on the same prompts (cfg.datasets,
   e.g. held-out stdlib files: tune on data the benchmark table does not report)."""
   target = configured_target(cfg)
@@ -739,9 +418,9 @@ def sweep_trees(method: str, candidates: Sequence[dict[str, Any]], cfg: Benchmar
   with tqdm(total=len(prompts) * (len(candidates) + 1), desc=f"sweep {method}",
             dynamic_ncols=True) as bar:
     runs = [(AR, {})] + [(method, dict(options)) for options in candidates]
-    records = [dict(r, options=options) for r, (_, options)
+    records = [dataclasses.replace(r, options=options) for r, (_, options)
                in zip(run_methods(target, runs, prompts, cfg, bar), runs)]
-  _finish(records)
+  finish(records)
   return records
 
 

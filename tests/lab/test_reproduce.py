@@ -12,7 +12,9 @@ import pytest
 
 from specjax import drafters
 from specjax.config_utils import load_config
-from specjax.reproduce import TABLES, expected_tokens, per_token_acceptance, run
+from specjax.lab.reproduce import ReproduceConfig, run
+from specjax.lab.tables import TABLES
+from specjax.lab.tables.theory import expected_tokens, per_token_acceptance
 from tests.helpers import tiny_targets as tt
 
 METHODS = ("autoregressive", "prompt_lookup", "eagle")
@@ -24,7 +26,7 @@ def _folders(root):
   that transformers' assisted generation runs the same rounds as specjax's draft LM."""
   import specjax
   from specjax.drafters import io
-  from tests.test_benchmark import _user_checkpoint
+  from tests.lab.test_benchmark import _user_checkpoint
   target_dir = _user_checkpoint(root / "target")
   target = specjax.load_target(str(target_dir), dtype="float32")
   io.export_drafter(root / "eagle", tt.learned_drafter("eagle", target), target, "eagle")
@@ -41,9 +43,10 @@ def job(tmp_path_factory):
       # Chains of 4 (the default is 1): after the prefill, one round emits the other 5 tokens.
       "drafter_options=draft_lm.num_tokens=4",
       "datasets=humaneval,stdlib_docstrings", "num_prompts=2", "max_prompt_tokens=24",
-      "max_new_tokens=6", "profile_repeats=1", "timing_repeats=2",
-      "theory_methods=prompt_lookup", "theory_lengths=3", "budget_methods=eagle",
-      "budget_nodes=2", "batch_methods=prompt_lookup", "batch_sizes=1,2", "batch_prompts=2",
+      "max_new_tokens=6", "profile_repeats=1", "methods_table.timing_repeats=2",
+      "theory_table.methods=prompt_lookup", "theory_table.lengths=3", "budget_table.methods=eagle",
+      "budget_table.nodes=2", "batch_table.methods=prompt_lookup", "batch_table.sizes=1,2",
+      "batch_table.num_prompts=2",
       f"out={root / 'out'}"])
   names = [n for n in TABLES if n != "peers" or _has_transformers()]
   lines = []
@@ -95,7 +98,8 @@ def test_methods_table(job):
   records = result.payload["records"]
   assert len(records) == 2 * len(datasets) * len(METHODS)
   for r in records:
-    assert len(r["speedup_repeats"]) == cfg.timing_repeats
+    assert r["options"] is None  # the config's options, written as such
+    assert len(r["speedup_repeats"]) == cfg.methods_table.timing_repeats
     assert r["new_tokens"] == cfg.num_prompts * cfg.max_new_tokens and r["tau"] >= 1.0
     if r["temperature"] == 0:
       assert r["matches_autoregressive"], r["method"]
@@ -213,3 +217,18 @@ def test_docstring_prompts_are_documented_functions_cut_after_their_docstring():
   prompts = data.load_stdlib_docstrings()
   assert len(prompts) >= 16 and all(p["prompt"].lstrip().startswith(("def ", "async def "))
                                     for p in prompts)
+
+
+def test_every_table_has_its_config_in_the_jobs():
+  """A registered table's config is the job config's field `<name>_table`, of the table's class,
+  and `--set <name>_table.<field>=...` reaches it."""
+  import dataclasses
+
+  from specjax.config_utils import apply_overrides
+  fields = {f.name for f in dataclasses.fields(ReproduceConfig)}
+  for name, table in TABLES.items():
+    assert table.name == name and f"{name}_table" in fields, name
+    assert isinstance(ReproduceConfig().table(name), table.config), name
+  cfg = apply_overrides(ReproduceConfig(), ["methods_table.temperatures=0,1",
+                                            "theory_table.lengths=2"])
+  assert cfg.methods_table.temperatures == (0.0, 1.0) and cfg.theory_table.lengths == (2,)

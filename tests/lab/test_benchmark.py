@@ -1,23 +1,36 @@
-"""The main job's library entry (`specjax.benchmark.run`) on a small setting: every figure the
+"""The main job's library entry (`specjax.lab.benchmark.run`) on a small setting: every figure the
 table prints is computed, autoregressive is the reference in the same run, outputs agree."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
 import pytest
 
-from specjax import benchmark, decoding, provenance
-from specjax.benchmark import (
-    AR,
-    MAX_RELATIVE_SPREAD,
-    BenchmarkConfig,
-    _finish,
-    markdown,
-    run,
-    running_figures,
+from specjax import decoding, provenance
+from specjax.lab import benchmark, report
+from specjax.lab.benchmark import BenchmarkConfig, run, running_figures
+from specjax.lab.records import (
+  AR,
+  MAX_RELATIVE_SPREAD,
+  SCHEMA_VERSION,
+  MethodRecord,
+  PhaseTimings,
+  finish,
 )
+
+# The keys of a results.json record of a one-device run with phase timings, in the file's order
+# (on a mesh a drafter's record also holds param_bytes, after phases_reused).
+RESULT_KEYS = [
+    "method", "tau", "tokens_per_second", "tokens_per_second_repeats", "target_calls",
+    "new_tokens", "wall_seconds", "acceptance_by_depth", "accepted_by_depth", "batch_size",
+    "outputs", "prompts", "prefill_chunks", "draft_nodes", "t_prefill_ms", "t_draft_ms",
+    "t_verify_ms", "t_prefill_spread_ms", "t_draft_spread_ms", "t_verify_spread_ms",
+    "prefill_chunks_timed", "phases_reused", "dataset", "prompt_set", "speedup",
+    "speedup_repeats", "matches_autoregressive", "draft_share", "ideal_speedup",
+    "ideal_speedup_e2e", "loop_efficiency", "unreliable_figures", "unreliable"]
 
 
 def _reject_nan(name):
@@ -40,35 +53,39 @@ def test_benchmark_runs_and_reports(tmp_path, monkeypatch):
   both = run(cfg)
   # 3 warm-ups, then 2 prompts x 3 methods per dataset, all at one padded length.
   assert len(calls) == 3 + 2 * 2 * 3 and len(set(calls)) == 1
-  assert [r["dataset"] for r in both] == ["humaneval"] * 3 + ["short_prompts"] * 3
+  assert [r.dataset for r in both] == ["humaneval"] * 3 + ["short_prompts"] * 3
   records, again = both[:3], both[3:]
-  assert [r["method"] for r in records] == [AR, "prompt_lookup", "eagle3"]
+  assert [r.method for r in records] == [AR, "prompt_lookup", "eagle3"]
   for first, second in zip(records, again):
-    assert not first["phases_reused"] and second["phases_reused"], first["method"]
+    assert not first.phases.phases_reused and second.phases.phases_reused, first.method
     for name in ("t_prefill", "t_draft", "t_verify"):
-      assert second[f"{name}_ms"] == first[f"{name}_ms"], (first["method"], name)
-    assert second["outputs"] != first["outputs"] and second["matches_autoregressive"]
+      assert second.phases.ms(name) == first.phases.ms(name), (first.method, name)
+    assert second.outputs != first.outputs and second.matches_autoregressive
   ar = records[0]
-  assert ar["speedup"] == pytest.approx(1.0) and ar["ideal_speedup_e2e"] == pytest.approx(1.0)
+  assert ar.speedup == pytest.approx(1.0) and ar.figures.ideal_speedup_e2e == pytest.approx(1.0)
   for r in records:
-    assert r["matches_autoregressive"], r["method"]  # greedy: identical tokens
-    assert r["new_tokens"] == 2 * 16 and r["t_verify_ms"] > 0 and r["t_prefill_ms"] > 0
-    assert r["loop_efficiency"] > 0 and r["ideal_speedup_e2e"] > 0
+    assert r.matches_autoregressive, r.method  # greedy: identical tokens
+    assert r.new_tokens == 2 * 16 and r.phases.t_verify_ms > 0 and r.phases.t_prefill_ms > 0
+    assert r.figures.loop_efficiency > 0 and r.figures.ideal_speedup_e2e > 0
     for name in ("t_prefill", "t_draft", "t_verify"):
-      assert r[f"{name}_spread_ms"] >= 0, (r["method"], name)
-    assert r["unreliable"] == bool(r["unreliable_figures"])
-  assert records[0]["t_draft_ms"] == 0 and records[0]["t_draft_spread_ms"] == 0  # no draft phase
-  assert records[2]["tau"] > 1.5 and records[2]["t_draft_ms"] > 0
+      assert r.phases.spread_ms(name) >= 0, (r.method, name)
+    assert r.figures.unreliable == bool(r.figures.unreliable_figures)
+  assert records[0].phases.t_draft_ms == 0 and records[0].phases.t_draft_spread_ms == 0
+  assert records[2].tau > 1.5 and records[2].phases.t_draft_ms > 0
   tmp_path = tmp_path / "out"
   saved = json.loads((tmp_path / "results.json").read_text(), parse_constant=_reject_nan)
-  assert len(saved["records"]) == 6
+  assert len(saved["records"]) == 6 and saved["schema_version"] == SCHEMA_VERSION
+  # The file holds each record's JSON form, read back as the same record.
+  assert saved["records"] == [r.to_json() for r in both]
+  assert [MethodRecord.from_json(r) for r in saved["records"]] == both
+  assert list(saved["records"][0]) == RESULT_KEYS
   assert "layout" not in saved and saved["config"]["mesh"] is None  # one device: as before
   block = saved["provenance"]
   assert block["versions"]["jax"] and block["versions"]["numpy"] and block["backend"]
   assert block["devices"] and block["date_utc"].endswith("Z") and block["command"]
   assert block["config"] == saved["config"]
   table = (tmp_path / "results.md").read_text()
-  assert table == markdown(both, cfg, provenance.header(block)) and "| eagle3 |" in table
+  assert table == report.markdown(both, cfg, provenance.header(block)) and "| eagle3 |" in table
   assert "### humaneval " in table and "### short_prompts " in table
   assert table.startswith("Measured with specjax ") and "Mesh:" not in table
   assert os.path.exists(tmp_path / "speedup.png")
@@ -84,14 +101,16 @@ def test_benchmark_without_phase_timings(tmp_path, monkeypatch):
                         max_new_tokens=16, profile=False, out=str(tmp_path / "out"))
   records = run(cfg)
   assert not timed
-  assert [r["method"] for r in records] == [AR, "prompt_lookup"]
+  assert [r.method for r in records] == [AR, "prompt_lookup"]
   for r in records:
-    assert r["matches_autoregressive"] and r["tokens_per_second"] > 0 and r["speedup"] > 0
-    assert not any(key.startswith("t_") or key in ("ideal_speedup", "unreliable") for key in r)
+    assert r.matches_autoregressive and r.tokens_per_second > 0 and r.speedup > 0
+    assert r.phases is None and r.figures is None
+    assert not any(key.startswith("t_") or key in ("ideal_speedup", "unreliable")
+                   for key in r.to_json())
   table = (tmp_path / "out" / "results.md").read_text()
   assert "| method | tau | tokens/s | speedup | target calls |\n" in table
   assert "| prompt_lookup | " in table and "ms/round" not in table
-  assert benchmark.FOOTNOTE not in table
+  assert report.FOOTNOTE not in table
   assert os.path.exists(tmp_path / "out" / "speedup.png")
 
 
@@ -151,7 +170,7 @@ class _Bar:
 def test_running_figures_do_not_pile_up_over_calls():
   """Calls sharing one bar (the reproduce tables' runs) each show their own figures after the
   caller's postfix, and leave that postfix as it was."""
-  from specjax.benchmark import run_methods
+  from specjax.lab.benchmark import run_methods
   from tests.helpers import tiny_targets as tt
   target = tt.greedy_target()
   cfg = BenchmarkConfig(num_prompts=2, max_new_tokens=4)
@@ -166,12 +185,46 @@ def test_running_figures_do_not_pile_up_over_calls():
 
 
 def _record(method, draft, verify, *, spread=0.1, nodes=4, tps=100.0, tau=2.0):
-  return {"method": method, "dataset": "d", "tau": tau, "tokens_per_second": tps,
-          "tokens_per_second_repeats": [tps],
-          "target_calls": 16, "new_tokens": 32, "outputs": [[1], [2]], "draft_nodes": nodes,
-          "t_prefill_ms": 5.0, "t_prefill_spread_ms": 0.1, "t_draft_ms": draft,
-          "prefill_chunks": 2, "prefill_chunks_timed": 1,
-          "t_draft_spread_ms": spread, "t_verify_ms": verify, "t_verify_spread_ms": 0.1}
+  return MethodRecord(
+      method=method, dataset="d", tau=tau, tokens_per_second=tps,
+      tokens_per_second_repeats=[tps], target_calls=16, new_tokens=32, wall_seconds=0.32,
+      acceptance_by_depth=[], accepted_by_depth=[], batch_size=1, outputs=[[1], [2]],
+      prompts=2, prefill_chunks=2, draft_nodes=nodes, phases=PhaseTimings(
+          t_prefill_ms=5.0, t_draft_ms=draft, t_verify_ms=verify, t_prefill_spread_ms=0.1,
+          t_draft_spread_ms=spread, t_verify_spread_ms=0.1, prefill_chunks_timed=1))
+
+
+def test_a_record_round_trips_through_its_json_form(tmp_path):
+  """`to_json` writes the flat object results.json holds (a group's figures in its place, an
+  unset field left out, an undefined ratio as null), `from_json` reads back the same record,
+  with or without its outputs, and `read_results` refuses a file of another schema."""
+  from specjax.lab.records import read_results
+  ar, slow = _record(AR, 0.0, 4.0, spread=0.0, nodes=0), _record("slow", 0.0, -1.0)
+  slow.param_bytes = {"min": 1, "max": 2, "total": 3, "one_copy": 3}
+  finish([ar, slow])
+  assert slow.figures.draft_share is None and slow.figures.ideal_speedup is None
+  for r in (ar, slow):
+    d = json.loads(json.dumps(r.to_json(), allow_nan=False))
+    assert MethodRecord.from_json(d) == r
+    assert "temperature" not in d and "options" not in d and "phases" not in d
+    public = r.to_json(outputs=False)
+    assert "outputs" not in public and MethodRecord.from_json(public).outputs is None
+  assert list(ar.to_json()) == [k for k in RESULT_KEYS if k != "prompt_set"]  # none chosen
+  # A reproduce run's options: None (the config's) is written, as null; unset, left out.
+  chosen = dataclasses.replace(ar, options=None)
+  assert chosen.to_json()["options"] is None and MethodRecord.from_json(chosen.to_json()) == chosen
+  d = slow.to_json()
+  assert d["draft_share"] is None and list(d).index("param_bytes") == RESULT_KEYS.index(
+      "phases_reused") + 1
+  assert set(d) - set(RESULT_KEYS) == {"param_bytes"}
+  with pytest.raises(ValueError, match=r"holds \['tau_typo'\]"):
+    MethodRecord.from_json(dict(d, tau_typo=1.0))
+  path = tmp_path / "results.json"
+  path.write_text(json.dumps({"schema_version": SCHEMA_VERSION, "records": [d]}))
+  assert read_results(str(path))[1] == [slow]
+  path.write_text(json.dumps({"records": [d]}))
+  with pytest.raises(ValueError, match="schema None"):
+    read_results(str(path))
 
 
 def test_unreliable_figures_are_marked_not_clamped():
@@ -183,16 +236,16 @@ def test_unreliable_figures_are_marked_not_clamped():
              _record("negative", -0.3, 6.0),
              _record("noisy", 1.0, 6.0, spread=MAX_RELATIVE_SPREAD * 1.0 + 0.01),
              _record("too_fast", 1.0, 6.0, tps=1000.0)]
-  _finish(records)
-  by = {r["method"]: r for r in records}
-  assert not by[AR]["unreliable"] and not by["fine"]["unreliable"]
-  assert by["negative"]["t_draft_ms"] == -0.3  # not clamped
-  assert by["negative"]["unreliable_figures"] == ["t_draft"]
-  assert by["noisy"]["unreliable_figures"] == ["t_draft"]
-  assert by["too_fast"]["loop_efficiency"] > 1 and by["too_fast"]["unreliable_figures"] == [
-      "loop_efficiency"]
+  finish(records)
+  by = {r.method: r for r in records}
+  assert not by[AR].figures.unreliable and not by["fine"].figures.unreliable
+  assert by["negative"].phases.t_draft_ms == -0.3  # not clamped
+  assert by["negative"].figures.unreliable_figures == ["t_draft"]
+  assert by["noisy"].figures.unreliable_figures == ["t_draft"]
+  assert by["too_fast"].figures.loop_efficiency > 1
+  assert by["too_fast"].figures.unreliable_figures == ["loop_efficiency"]
   rows = {line.split("|")[1].strip(): line.split("|")[1:-1]
-          for line in markdown(records, BenchmarkConfig()).splitlines()
+          for line in report.markdown(records, BenchmarkConfig()).splitlines()
           if line.startswith("| ") and "method" not in line}
   assert not any("?" in c for c in rows["fine"]) and not any("?" in c for c in rows[AR])
   assert rows["negative"][5].strip() == "-0.30 ±0.10 ?"  # draft ms/round
@@ -207,9 +260,10 @@ def test_bound_with_prefill_scales_the_timed_prefill_by_chunks():
   method: 14 rounds of 6 ms)."""
   ar, method = _record(AR, 0.0, 4.0, spread=0.0, nodes=0), _record("m", 1.0, 5.0)
   for r in (ar, method):
-    r.update(prefill_chunks=6, prefill_chunks_timed=2)
-  _finish([ar, method])
-  assert method["ideal_speedup_e2e"] == pytest.approx((3 * 5.0 + 30 * 4.0) / (3 * 5.0 + 14 * 6.0))
+    r.prefill_chunks, r.phases.prefill_chunks_timed = 6, 2
+  finish([ar, method])
+  assert method.figures.ideal_speedup_e2e == pytest.approx(
+      (3 * 5.0 + 30 * 4.0) / (3 * 5.0 + 14 * 6.0))
 
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
@@ -263,10 +317,9 @@ def test_benchmark_on_a_users_checkpoint_drafters_and_prompts(tmp_path):
       "chat_template=true", "methods=autoregressive,eagle3", "num_prompts=3",
       "max_new_tokens=12", "profile_repeats=2", f"out={tmp_path / 'out'}"])
   records = run(cfg)
-  assert [(r["method"], r["dataset"]) for r in records] == [(AR, "my_prompts"),
-                                                             ("eagle3", "my_prompts")]
-  assert all(r["matches_autoregressive"] for r in records)
-  assert all(r["new_tokens"] == 3 * 12 for r in records)
+  assert [(r.method, r.dataset) for r in records] == [(AR, "my_prompts"), ("eagle3", "my_prompts")]
+  assert all(r.matches_autoregressive for r in records)
+  assert all(r.new_tokens == 3 * 12 for r in records)
   saved = json.loads((tmp_path / "out" / "results.json").read_text())
   assert saved["config"]["drafter"] == {"eagle3": str(tmp_path / "head")}
   assert "### my_prompts" in (tmp_path / "out" / "results.md").read_text()
@@ -281,9 +334,9 @@ def test_paper_configs_run_on_tiny_checkpoints(tmp_path):
   user with the real weights takes runs, and the template switch (enable_thinking=false) reaches
   the chat template."""
   import specjax
-  from specjax.benchmark import build_drafter
   from specjax.config_utils import load_config
   from specjax.drafters import io
+  from specjax.lab.benchmark import build_drafter
   from tests.drafters import test_dflash_format as published
   from tests.helpers import tiny_targets as tt
   folder = _user_checkpoint(tmp_path / "user_model")
@@ -302,12 +355,12 @@ def test_paper_configs_run_on_tiny_checkpoints(tmp_path):
       f"target={folder}", f"drafter.dflash={dflash_dir}", f"drafter.dflash_tree={dflash_dir}",
       f"prompts={prompts}", "methods=autoregressive,dflash_tree", "num_prompts=2",
       "max_new_tokens=8", "profile_repeats=1", "dtype=float32", f"out={tmp_path / 'out'}"])
-  from specjax.benchmark import load_prompts
+  from specjax.lab.benchmark import load_prompts
   rows = load_prompts(target, str(prompts), cfg)
   assert rows[0][:2] == target.encode("<|im_start|><|im_start|>", add_special_tokens=False)
   records = run(cfg)
-  assert [r["method"] for r in records] == [AR, "dflash_tree"]
-  assert records[1]["matches_autoregressive"] and records[1]["draft_nodes"] == 32
+  assert [r.method for r in records] == [AR, "dflash_tree"]
+  assert records[1].matches_autoregressive and records[1].draft_nodes == 32
 
   head = tmp_path / "eagle3"
   io.export_drafter(head, tt.learned_drafter("eagle3", target), target, "eagle3")

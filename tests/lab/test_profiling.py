@@ -1,4 +1,4 @@
-"""`specjax.profiling`: the verify-step breakdown (`verify_parts`) and the kernels of a round
+"""`specjax.lab.profiling`: the verify-step breakdown (`verify_parts`) and the kernels of a round
 (`kernel_times`) behind `bench_roofline`."""
 
 import dataclasses
@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 import specjax
-from specjax import decoding, drafters, hlo, rounds
+from specjax import decoding, drafters, rounds
 from specjax.decoding import bucket_length, cache_length
-from specjax.lab import phases
+from specjax.lab import hlo, phases
 from specjax.lab.phases import profile_phases
-from specjax.profiling import (
+from specjax.lab.profiling import (
   PARTS,
   hlo_scopes,
   kernel_times,
@@ -176,7 +176,7 @@ def test_profile_phases_figures(target, method):
 def test_profiler_programs_have_no_collective_races(target, method, monkeypatch):
   """On a mesh the profiler's own programs (the verify loop `profile_phases` times, the loop of
   whole rounds `round_loop` compiles) order every loop or branch that communicates against the
-  program's other collectives, as `generate`'s do (`specjax.hlo.races`): the n-gram drafter's
+  program's other collectives, as `generate`'s do (`specjax.lab.hlo.races`): the n-gram drafter's
   verify sizes are branches inside them, EAGLE's copied draft reads a gathered table."""
   on_mesh = target.on_mesh("dp=4,tp=2")
   drafter = {"ngram": drafters.build("ngram", on_mesh, num_tokens=6, verify_sizes=(0, 2)),
