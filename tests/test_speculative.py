@@ -332,7 +332,7 @@ def test_chain_rounds_update_the_cache_in_place(monkeypatch, name):
 # 2. Sampling: chi-square against the exact law of the first three tokens.
 
 N_ROWS = 24576  # sampled rows per test, in one batched call
-ALPHA = 1e-6  # per test; 37 tests here: family-wise false alarm <= 3.7e-5 (Bonferroni)
+ALPHA = 1e-6  # per test; 33 tests here: family-wise false alarm <= 3.3e-5 (Bonferroni)
 SAMPLING_PROMPT = [3, 1, 4, 1, 5, 1, 4, 2, 6, 5, 3, 1]  # repeats: prompt lookup proposes at once
 SAMPLING_PAD = 16
 SAMPLINGS = {"T1": SamplingConfig(1.0), "T0.7_p0.9": SamplingConfig(0.7, top_p=0.9)}
@@ -366,6 +366,14 @@ _SAMPLING_DRAFTERS = {
     "dflash_recent": lambda t: tt.learned_drafter("dflash", t, d2t=np.arange(3), depth=3,
                                                   top_k=3, total_tokens=8, recent_tokens=6),
 }
+
+
+# The drafters over a few ids plus the history's recent tokens choose their children as their
+# plain variants do, from another vocabulary: temperature and top-p processing, which both
+# samplings test on the plain ones, is the same code, so they run at the one that also cuts the
+# support (top-p).
+_SAMPLING_CASES = [(name, sampling) for name in _SAMPLING_DRAFTERS for sampling in SAMPLINGS
+                   if not name.endswith("_recent") or sampling == "T0.7_p0.9"]
 
 
 @pytest.fixture(scope="module")
@@ -428,14 +436,13 @@ def test_sampling_target_has_structure(sampling_target):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sampling", list(SAMPLINGS))
-@pytest.mark.parametrize("name", list(_SAMPLING_DRAFTERS))
+@pytest.mark.parametrize("name, sampling", _SAMPLING_CASES)
 def test_sampling_matches_exact_law(sampling_target, sampling_drafters, name, sampling):
   """24576 copies of one prompt, generated in ONE batched call with 3 new tokens (each row has its
   own rng stream: independent draws): the joint counts of (x1, x2, x3) follow the exact law of
   the target (`_exact_law`), by a Pearson chi-square test with cells of expected count < 5 pooled,
-  rejected at ALPHA = 1e-6 (Bonferroni: the 37 such tests here have a family-wise false-alarm
-  probability <= 3.7e-5). The test asserts its own power: >= 0.99 against a bias of
+  rejected at ALPHA = 1e-6 (Bonferroni: the 33 such tests here have a family-wise false-alarm
+  probability <= 3.3e-5). The test asserts its own power: >= 0.99 against a bias of
   D = sum (r - p)^2 / p = 0.01 over the pooled cells (N = 24576 gives > 0.9999 here).
 
   x1 comes from the prefill, x2 and x3 from the first round(s): accepted drafts or the bonus
