@@ -61,21 +61,20 @@ def roofline(target, name: str, chains, prompt_len: int, max_new: int, repeats: 
   result = oracle_roofline(target, random_prompt(target, prompt_len), chains, max_new, repeats)
   print(f"\n### {name}: {target.num_params / 1e6:.1f}M params ({target.config.dtype}), "
         f"prompt {prompt_len}, {max_new} new tokens, batch 1, T=0\n")
-  print(f"autoregressive: {result['tokens_per_second']:.1f} tokens/s, step "
-        f"{result['t_step_ms']:.2f} ms, prefill {result['t_prefill_ms']:.2f} ms")
+  print(f"autoregressive: {result.tokens_per_second:.1f} tokens/s, step "
+        f"{result.t_step_ms:.2f} ms, prefill {result.t_prefill_ms:.2f} ms")
   floor = weight_floor(target)
   print(f"weight-streaming floor: {floor['bytes'] / 1e6:.2f} MB of weights read per step on each "
         f"device, streamed at {floor['bandwidth'] / 1e9:.1f} GB/s each (all devices at once): "
-        f"{floor['seconds'] * 1e3:.2f} ms, {floor['seconds'] * 1e3 / result['t_step_ms']:.0%} "
+        f"{floor['seconds'] * 1e3:.2f} ms, {floor['seconds'] * 1e3 / result.t_step_ms:.0%} "
         f"of the measured step\n")
   print("| N | tau | t_verify(N+1) / t_step | bound (N+1) | bound (tau) | bound (tau, prefill) | "
         "measured speedup | efficiency |")
   print("|---|---|---|---|---|---|---|---|")
-  for r in result["rows"]:
-    print(f"| {r['n']} | {r['tau']:.2f} | {r['cost']:.2f} | {r['bound']:.2f}x | "
-          f"{r['bound_tau']:.2f}x | {r['bound_e2e']:.2f}x | {r['speedup']:.2f}x | "
-          f"{r['speedup'] / r['bound_e2e']:.0%} |", flush=True)
-  return result["rows"]
+  for r in result.rows:
+    print(f"| {r.n} | {r.tau:.2f} | {r.cost:.2f} | {r.bound:.2f}x | {r.bound_tau:.2f}x | "
+          f"{r.bound_e2e:.2f}x | {r.speedup:.2f}x | {r.speedup / r.bound_e2e:.0%} |", flush=True)
+  return result.rows
 
 
 def weight_floor(target) -> dict[str, float]:

@@ -46,7 +46,9 @@ from specjax.lab.records import (
   PHASES,
   SCHEMA_VERSION,
   MethodRecord,
+  OracleRow,
   PhaseTimings,
+  Roofline,
   add_speedups,
   finish,
 )
@@ -425,7 +427,7 @@ def sweep_trees(method: str, candidates: Sequence[dict[str, Any]], cfg: Benchmar
 
 
 def oracle_roofline(target: Target, prompt: list[int], chains: Sequence[int], max_new: int,
-                    repeats: int) -> dict[str, Any]:
+                    repeats: int) -> Roofline:
   """The loop's best case on one prompt: an oracle chain of N (`drafters.oracle`) drafts the
   target's own greedy continuation, so every node is accepted. Per N: tau, the cost of verifying
   N + 1 tokens in AR steps, the bound t_AR * (N + 1) / t_verify(N + 1), the bound at the realised
@@ -461,9 +463,8 @@ def oracle_roofline(target: Target, prompt: list[int], chains: Sequence[int], ma
     t_v = profile_phases(target, [prompt], drafter=oracle, max_new_tokens=max_new,
                          repeats=repeats)["t_verify"]
     bound_e2e = (t_pre + (max_new - 1) * t_ar) / (t_pre + (r.stats.target_calls - 1) * t_v)
-    rows.append(dict(n=n, tau=r.stats.tau, cost=t_v / t_ar, bound=t_ar * (n + 1) / t_v,
-                     bound_tau=t_ar * r.stats.tau / t_v, bound_e2e=bound_e2e,
-                     speedup=tps / ar_tps))
-  return {"tokens_per_second": ar_tps, "t_step_ms": t_ar * 1e3,
-          "t_prefill_ms": t_pre * 1e3, "rows": rows}
+    rows.append(OracleRow(n=n, tau=r.stats.tau, cost=t_v / t_ar, bound=t_ar * (n + 1) / t_v,
+                          bound_tau=t_ar * r.stats.tau / t_v, bound_e2e=bound_e2e,
+                          speedup=tps / ar_tps))
+  return Roofline(ar_tps, t_ar * 1e3, t_pre * 1e3, tuple(rows))
 

@@ -146,6 +146,34 @@ class TableRow:
     return {**self.record.to_json(outputs), **own}
 
 
+@dataclasses.dataclass(frozen=True)
+class OracleRow:
+  """The loop's best case at one chain length (`benchmark.oracle_roofline`)."""
+
+  n: int  # N, the oracle chain's nodes
+  tau: float  # emitted tokens per target call (every node accepted)
+  cost: float  # t_verify(N + 1) / t_AR: verifying N + 1 tokens, in autoregressive steps
+  bound: float  # t_AR * (N + 1) / t_verify(N + 1)
+  bound_tau: float  # the bound at the realised tau (the last round is cut at max_new)
+  bound_e2e: float  # the bound at tau, with the prefill both runs pay
+  speedup: float  # measured, fastest run against fastest autoregressive run
+
+
+@dataclasses.dataclass(frozen=True)
+class Roofline:
+  """An oracle sweep: the autoregressive step it is measured against, and a row per N."""
+
+  tokens_per_second: float  # autoregressive decoding's, fastest of the repeats
+  t_step_ms: float  # an autoregressive round
+  t_prefill_ms: float  # the prompt's prefill alone
+  rows: tuple[OracleRow, ...]
+
+  def to_json(self) -> dict[str, Any]:
+    return {"tokens_per_second": self.tokens_per_second, "t_step_ms": self.t_step_ms,
+            "t_prefill_ms": self.t_prefill_ms,
+            "rows": [dataclasses.asdict(r) for r in self.rows]}
+
+
 def read_results(path: str) -> tuple[dict[str, Any], list[MethodRecord]]:
   """A results.json: its object and its records, refused when another schema wrote it."""
   with open(path) as f:

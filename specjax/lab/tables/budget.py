@@ -67,12 +67,12 @@ def build(s: Session, t: BudgetTable, out: str) -> Result:
     for m in t.methods:
       r = by[m, n]
       cells += [f"{r.tau:.2f}", f"{r.speedup:.2f}x"]
-    o = roof["rows"][i]
-    rows.append(cells + [f"{o['tau']:.2f}", f"{o['cost']:.2f}", f"{o['speedup']:.2f}x",
-                         f"{o['bound_e2e']:.2f}x"])
+    o = roof.rows[i]
+    rows.append(cells + [f"{o.tau:.2f}", f"{o.cost:.2f}", f"{o.speedup:.2f}x",
+                         f"{o.bound_e2e:.2f}x"])
   best = {m: max((r for r in records if r.method == m), key=lambda r: r.speedup)
           for m in t.methods}
-  best_oracle = max(roof["rows"], key=lambda o: o["speedup"])
+  best_oracle = max(roof.rows, key=lambda o: o.speedup)
   lines = [f"### Tree budget on {dataset} (T = 0, {len(s.prompts(dataset))} prompts x "
            f"{cfg.max_new_tokens} new tokens, batch 1)", ""] + report.table(header, rows) + [
       f"Trees: a chain up to {BUDGET_DEPTH} nodes, then {BUDGET_DEPTH} levels with top_k 2 "
@@ -83,9 +83,9 @@ def build(s: Session, t: BudgetTable, out: str) -> Result:
       "of that size can beat it on this machine.",
       "Fastest here: " + ", ".join(f"{m} at {r.draft_nodes} nodes ({r.speedup:.2f}x)"
                                    for m, r in best.items())
-      + f"; the oracle at {best_oracle['n']} ({best_oracle['speedup']:.2f}x).", ""]
+      + f"; the oracle at {best_oracle.n} ({best_oracle.speedup:.2f}x).", ""]
   figure = _plot(t, by, roof, os.path.join(out, "budget.png"))
-  return Result("\n".join(lines), {"records": public(records), "oracle": roof}, [figure])
+  return Result("\n".join(lines), {"records": public(records), "oracle": roof.to_json()}, [figure])
 
 
 def _plot(t: BudgetTable, by, roof, path: str) -> str:
@@ -96,9 +96,9 @@ def _plot(t: BudgetTable, by, roof, path: str) -> str:
     mine = [by[m, n] for n in t.nodes]
     axes[0].plot(t.nodes, [r.tau for r in mine], "o-", label=m)
     axes[1].plot(t.nodes, [r.speedup for r in mine], "o-", label=m)
-  axes[0].plot(t.nodes, [o["tau"] for o in roof["rows"]], "k--", label="oracle")
-  axes[1].plot(t.nodes, [o["speedup"] for o in roof["rows"]], "k--", label="oracle")
-  axes[1].plot(t.nodes, [o["bound_e2e"] for o in roof["rows"]], "k:", label="oracle bound")
+  axes[0].plot(t.nodes, [o.tau for o in roof.rows], "k--", label="oracle")
+  axes[1].plot(t.nodes, [o.speedup for o in roof.rows], "k--", label="oracle")
+  axes[1].plot(t.nodes, [o.bound_e2e for o in roof.rows], "k:", label="oracle bound")
   axes[1].axhline(1.0, color="gray", lw=0.8)
   for ax, what in zip(axes, ("tau", "speedup vs autoregressive")):
     ax.set(title=what, xlabel="draft tree nodes", xscale="log")
