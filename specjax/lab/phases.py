@@ -72,13 +72,14 @@ def budget_runs(run: Prepared) -> tuple[Callable[[KVCache, bool], DecodeState], 
   after which it stops, its prefill done. Also returns the prefill's state on a fresh cache,
   ready to decode: `run`'s budget back and its rows live again (the profiler's prompts stop at
   no EOS, so only batch padding is done)."""
-  program, _ = decoding.compiled(run.spec, run.args, run.fresh_cache())
+  cache = run.fresh_cache()  # what the program is compiled for, then the prefill's own
+  program, _ = decoding.compiled(run.spec, run.args, cache)
   budgets = {False: run.args, True: run.args.replace(max_new=jnp.ones_like(run.args.max_new))}
 
   def call(cache: KVCache, prefill_only: bool) -> DecodeState:
     return program(budgets[prefill_only], cache)
 
-  prefilled = call(run.fresh_cache(), True)
+  prefilled = call(cache, True)
   return call, prefilled.replace(done=~run.args.live, max_new=run.args.max_new)
 
 
