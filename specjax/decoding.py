@@ -33,7 +33,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
-from specjax import checks, metrics, rounds, sharding
+from specjax import checks, metrics, rounds, sharding, verify
+from specjax.children import TOP_K
 from specjax.drafters.base import Drafter, NoDrafter, check_drafter, verify_sizes_of
 from specjax.models import decoder
 from specjax.models.cache import KVCache
@@ -269,16 +270,25 @@ def _eos_array(cfg: ModelConfig, eos_token_id) -> np.ndarray:
 
 
 
+def children_used(drafter: Drafter, sampling: SamplingConfig) -> str:
+  """How `drafter` picks children in a run at `sampling`: "top_k" (deterministic; always at
+  temperature 0), "iid" or "wor" (`specjax.children`)."""
+  return getattr(drafter, "children", TOP_K).used(sampling)
+
+
 def prepare(target: Target, prompts, max_new_tokens: int, drafter: Drafter,
             sampling: SamplingConfig, seed: int = 0, eos_token_id=None,
-            pad_to: int | None = None) -> Prepared:
+            pad_to: int | None = None, rule: verify.Rule | str | None = None) -> Prepared:
   """Validates a call's inputs and builds its program's spec and arguments (`Prepared`)."""
   cfg = target.config
+  rule = verify.rule_of(rule)
   max_new_tokens = checks.integer("max_new_tokens", max_new_tokens, lo=1)
   seed = checks.integer("seed", seed)
   if not 0 <= seed < SEED_LIMIT:
     raise ValueError(f"seed must be an int in [0, 2**32), got {seed}")
   check_drafter(drafter, cfg)
+  if drafter.num_nodes and not sampling.greedy:
+    verify.check_children(rule, children_used(drafter, sampling))
   ids = _prepare_prompts(target, prompts)
   longest = max(len(r) for r in ids)
   cfg.check_window(longest + max_new_tokens,
@@ -298,7 +308,7 @@ def prepare(target: Target, prompts, max_new_tokens: int, drafter: Drafter,
   copied = sharding.replicates_drafter(drafter, target.params, mesh)
   spec = Spec(cfg, mesh=mesh, cache_len=cache_length(
       p, max_new_tokens, drafter.num_nodes, cfg.max_position_embeddings), copied_drafter=copied,
-      head_copy=decoder.copies_head(cfg, target.platform, drafter.num_nodes + 1))
+      head_copy=decoder.copies_head(cfg, target.platform, drafter.num_nodes + 1), rule=rule)
   n_real = len(ids)
   rows = ids + [ids[-1]] * (batch_rows(n_real, mesh) - n_real)  # pad rows: done
   prompt_arr = np.zeros((len(rows), p), np.int32)
@@ -349,7 +359,8 @@ def _on_mesh(args: ProgramArgs, target: Target, mesh, copied: bool) -> ProgramAr
 def generate(target: Target, prompts: Sequence[str | Sequence[int]], *, max_new_tokens: int,
              drafter: Drafter | None = None, temperature: float = 0.0, top_k: int = 0,
              top_p: float = 1.0, seed: int = 0, eos_token_id: int | Sequence[int] | None = None,
-             pad_to: int | None = None, mesh=None) -> GenerateResult:
+             pad_to: int | None = None, mesh=None, rule: verify.Rule | str | None = None
+             ) -> GenerateResult:
   """Generates up to `max_new_tokens` per prompt in one jit call, speculatively with `drafter`.
 
   prompts: strings (encoded with the target's tokenizer) or lists of token ids; rows may differ
@@ -362,6 +373,9 @@ def generate(target: Target, prompts: Sequence[str | Sequence[int]], *, max_new_
   benchmark set). seed: an int in [0, 2**32) (jax would alias larger ones).
   mesh: run on this device mesh (a Mesh or a spec such as 'dp=2,tp=4'; default: the target's
   own, `Target.on_mesh`); the output is the same on every mesh.
+  rule: how drafts are accepted at temperatures > 0 (`specjax.verify.Rule` or its name:
+  "recursive", the default; "kseq", SpecTr's selection, for drafters with children='iid';
+  "typical", Medusa's typical acceptance, which is LOSSY and warns).
   Raises ValueError for a bad argument (before compiling), for a drafter built for another
   target, and after the run when the target's logits are not finite.
   """
@@ -369,7 +383,7 @@ def generate(target: Target, prompts: Sequence[str | Sequence[int]], *, max_new_
   if mesh is not None:
     target = target.on_mesh(mesh)
   run = prepare(target, prompts, max_new_tokens, drafter,
-                SamplingConfig(temperature, top_k, top_p), seed, eos_token_id, pad_to)
+                SamplingConfig(temperature, top_k, top_p), seed, eos_token_id, pad_to, rule)
   cache = run.fresh_cache()
   program, compile_seconds = compiled(run.spec, run.args, cache)
   eos = to_host(run.args.eos_ids)

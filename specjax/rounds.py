@@ -61,6 +61,7 @@ class Spec:
   copied_drafter: bool = False
   # The target's forwards read the LM head from a copy laid out [E, V] (`decoder.copies_head`).
   head_copy: bool = False
+  rule: verify.Rule = verify.RECURSIVE  # how each round's tree is accepted
 
 
 @struct.dataclass
@@ -375,7 +376,7 @@ def verify_nodes(loop: Loop, tree: trees.Tree, s: DecodeState, accept_key: jax.A
   out = decoder.forward(loop.spec.config, loop.params, block, positions, trees.verify_mask(tree),
                         s.cache, hidden_layers=drafter.hidden_layers, head_kernel=loop.head)
   with jax.named_scope("accept"):
-    acc = verify.accept(tree, out.logits, s.sampling, accept_key)
+    acc = verify.accept(tree, out.logits, s.sampling, accept_key, rule=loop.spec.rule)
 
   live = ~s.done
   n_emit = jnp.where(live, acc.n_accepted + 1, 0)  # accepted nodes + the bonus token

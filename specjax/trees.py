@@ -25,6 +25,43 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from specjax.children import TOP_K, Children, pick
+from specjax.sampling import GREEDY, SamplingConfig
+
+
+@struct.dataclass
+class DraftDist:
+  """The distributions a tree's sampled nodes were drawn from: one row per expanded parent.
+
+  Siblings share their parent's row, so the memory is P rows of the drafter's own vocabulary,
+  not one target-vocabulary row per node: float32 P x Vq x 4 bytes per batch row. For a
+  128k-token vocabulary and a 64-node tree that is 64 x 128256 x 4 = 32.8 MB per row if every
+  node had its own; EAGLE-2's tree of depth 6 and top_k 4 expands at most 21 parents (10.8 MB
+  over 128k ids, 2.7 MB over EAGLE-3's 32k draft ids), a static template one per parent node.
+  """
+
+  probs: jax.Array  # float32[B, P, Vq]  q at each of P parents, over the drafter's ids
+  source: jax.Array  # int32[B, N]  the row of `probs` node i was drawn from
+  # int32[B, Vq]: the target id of each entry of a row (a reduced draft vocabulary, plus any
+  # ids the round adds); target ids outside it have q = 0. None: rows are over target ids.
+  ids: jax.Array | None = None
+  # Static: sibling i was drawn from its row with the tokens of its earlier siblings removed and
+  # renormalised (sampling without replacement); False: every sibling from the row itself.
+  without_replacement: bool = struct.field(pytree_node=False, default=False)
+
+  @property
+  def num_rows(self) -> int:
+    return self.probs.shape[1]
+
+  def row_q(self, vocab_size: int) -> jax.Array:
+    """float32[B, P, V] the rows over the target's vocabulary (zeros outside `ids`)."""
+    probs = self.probs.astype(jnp.float32)
+    if self.ids is None:
+      return probs
+    b, p, _ = probs.shape
+    full = jnp.zeros((b, p, vocab_size), jnp.float32)
+    return jax.vmap(lambda f, i, q: f.at[:, i].add(q))(full, self.ids, probs)
+
 
 @struct.dataclass
 class Tree:
@@ -34,9 +71,9 @@ class Tree:
   parent: jax.Array  # int32[B, N]   parent node index in [0, N); -1 = child of the root
   depth: jax.Array  # int32[B, N]    1 for children of the root
   valid: jax.Array  # bool[B, N]     invalid nodes are never tried, accepted nor attended
-  # float32[B, N, V]: the full distribution each node's token was *sampled* from; None when the
-  # children were chosen deterministically (top-k, n-gram, static table): see specjax.verify.
-  q: jax.Array | None = None
+  # The distributions the nodes' tokens were *sampled* from; None when the children were chosen
+  # deterministically (top-k, n-gram, static table): see specjax.verify.
+  draft: DraftDist | None = None
   # Static: True when node i is the child of node i - 1 in every row (`chain`, `empty`, a chain
   # template). The accepted path is then the prefix [root, 0, .., n - 1], already where the
   # cache keeps it, so committing a round moves no KV rows (`specjax.decoding`).
@@ -51,16 +88,36 @@ class Tree:
     return self.tokens.shape[1]
 
   @property
-  def vocab_size(self) -> int | None:
-    return None if self.q is None else self.q.shape[-1]
+  def sampled(self) -> bool:
+    return self.draft is not None
+
+  def node_q(self, vocab_size: int) -> jax.Array | None:
+    """float32[B, N, V]: the distribution each node's token was drawn from, over the target's
+    vocabulary (without replacement: its row with the earlier siblings' tokens removed and
+    renormalised); None for deterministic children. For checks and tests: verification reads
+    the rows themselves."""
+    if self.draft is None:
+      return None
+    rows = self.draft.row_q(vocab_size)
+    q = jnp.take_along_axis(rows, self.draft.source[:, :, None], axis=1)
+    if not self.draft.without_replacement:
+      return q
+    n = self.num_nodes
+    idx = jnp.arange(n)
+    earlier = ((self.parent[:, :, None] == self.parent[:, None, :])
+               & (idx[None, None, :] < idx[None, :, None]))  # [B, i, j] j an earlier sibling
+    drawn = jnp.einsum("bij,bjv->biv", earlier.astype(jnp.float32),
+                       jax.nn.one_hot(self.tokens, vocab_size, dtype=jnp.float32)) > 0
+    q = jnp.where(drawn, 0.0, q)
+    return q / jnp.maximum(q.sum(-1, keepdims=True), jnp.finfo(jnp.float32).tiny)
 
   def head(self, n: int) -> Tree:
     """The tree of its first `n` nodes (static n <= N). Parents precede their children, so this
     is a tree again, and verifying it is verifying the whole tree when nodes `>= n` are invalid
     in every row (they are never tried, accepted nor attended)."""
-    q = None if self.q is None else self.q[:, :n]
+    draft = None if self.draft is None else self.draft.replace(source=self.draft.source[:, :n])
     return Tree(tokens=self.tokens[:, :n], parent=self.parent[:, :n], depth=self.depth[:, :n],
-                valid=self.valid[:, :n], q=q, chain=self.chain)
+                valid=self.valid[:, :n], draft=draft, chain=self.chain)
 
   @classmethod
   def empty(cls, batch: int) -> Tree:
@@ -68,6 +125,14 @@ class Tree:
     zeros = jnp.zeros((batch, 0), jnp.int32)
     return cls(tokens=zeros, parent=zeros, depth=zeros, valid=jnp.zeros((batch, 0), bool),
                chain=True)
+
+
+def per_node(q: jax.Array) -> DraftDist:
+  """The draft distributions of a tree whose every node has its own q: float32[B, N, V] over
+  target ids (a chain of sampled drafts: each node is the only child of its parent)."""
+  q = jnp.asarray(q, jnp.float32)
+  b, n = q.shape[:2]
+  return DraftDist(probs=q, source=jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (b, n)))
 
 
 def chain(tokens: jax.Array, q: jax.Array | None = None, valid: jax.Array | None = None) -> Tree:
@@ -83,19 +148,24 @@ def is_chain(parent: np.ndarray) -> bool:
   return bool(np.array_equal(parent, np.arange(-1, len(parent) - 1)))
 
 
-def _make(tokens, parent, depth, q, valid, chain: bool = False) -> Tree:
+def _make(tokens, parent, depth, q, valid, chain: bool = False, draft=None) -> Tree:
   tokens = jnp.asarray(tokens, jnp.int32)
   if valid is None:
     valid = jnp.ones(tokens.shape, bool)
   if q is not None:
+    if draft is not None:
+      raise ValueError("pass q (one distribution per node) or draft, not both")
     q = jnp.asarray(q, jnp.float32)
     if q.shape[:2] != tokens.shape:
       raise ValueError(f"q has shape {q.shape}, expected {tokens.shape + ('V',)}")
+    draft = per_node(q)
+  if draft is not None and draft.source.shape != tokens.shape:
+    raise ValueError(f"draft.source has shape {draft.source.shape}, expected {tokens.shape}")
   valid = jnp.asarray(valid, bool)
   if valid.shape != tokens.shape:
     raise ValueError(f"valid has shape {valid.shape}, expected {tokens.shape}")
   return Tree(tokens=tokens, parent=jnp.asarray(parent, jnp.int32),
-              depth=jnp.asarray(depth, jnp.int32), valid=valid, q=q, chain=chain)
+              depth=jnp.asarray(depth, jnp.int32), valid=valid, draft=draft, chain=chain)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -186,6 +256,9 @@ class TreeTemplate:
   parent: np.ndarray = dataclasses.field(init=False, repr=False, compare=False)  # int32[N]
   depth: np.ndarray = dataclasses.field(init=False, repr=False, compare=False)  # int32[N]
   rank: np.ndarray = dataclasses.field(init=False, repr=False, compare=False)  # int32[N]
+  # int32[N]: the node's place among its parent's children (0 for the first), which sampled
+  # children follow instead of the rank: the i-th child of a parent is its i-th draw.
+  sibling: np.ndarray = dataclasses.field(init=False, repr=False, compare=False)
 
   def __post_init__(self):
     paths = [tuple(p) for p in self.paths]
@@ -197,6 +270,12 @@ class TreeTemplate:
                                                 for p in paths]))
     object.__setattr__(self, "depth", _frozen([len(p) for p in paths]))
     object.__setattr__(self, "rank", _frozen([p[-1] for p in paths]))
+    seen: dict[Path, int] = {}
+    sibling = []
+    for p in paths:
+      sibling.append(seen.get(p[:-1], 0))
+      seen[p[:-1]] = sibling[-1] + 1
+    object.__setattr__(self, "sibling", _frozen(sibling))
 
   @classmethod
   def from_paths(cls, paths: Iterable[Sequence[int]]) -> TreeTemplate:
@@ -224,13 +303,15 @@ class TreeTemplate:
     return max((len(p) for p in self.paths), default=0)
 
   def tree(self, tokens: jax.Array, q: jax.Array | None = None,
-           valid: jax.Array | None = None) -> Tree:
-    """Fills the template: `tokens: int32[B, N]` in template order (optional q, valid)."""
+           valid: jax.Array | None = None, draft: DraftDist | None = None) -> Tree:
+    """Fills the template: `tokens: int32[B, N]` in template order (optional valid, and the
+    distributions of sampled tokens: q per node, or `draft` rows)."""
     b, n = np.shape(tokens)
     if n != self.num_nodes:
       raise ValueError(f"tokens have {n} nodes, the template has {self.num_nodes}")
     return _make(tokens, jnp.broadcast_to(self.parent, (b, n)),
-                 jnp.broadcast_to(self.depth, (b, n)), q, valid, chain=is_chain(self.parent))
+                 jnp.broadcast_to(self.depth, (b, n)), q, valid, chain=is_chain(self.parent),
+                 draft=draft)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -257,15 +338,21 @@ def validate(tree: Tree, vocab_size: int | None = None) -> None:
   if tree.chain and not all(is_chain(row) for row in parent):
     raise ValueError("the tree is marked chain=True but a node's parent is not the node before "
                      "it: committing it would keep the wrong cache rows")
-  q = None if tree.q is None else np.asarray(tree.q, np.float64)
-  if q is not None and (q.ndim != 3 or q.shape[:2] != tokens.shape):
-    raise ValueError(f"q has shape {q.shape}, expected {tokens.shape + ('V',)}")
-  if vocab_size is None and q is not None:
-    vocab_size = q.shape[-1]
+  draft = tree.draft
+  if draft is not None:
+    probs = np.asarray(draft.probs)
+    if probs.ndim != 3 or probs.shape[0] != tokens.shape[0]:
+      raise ValueError(f"draft.probs has shape {probs.shape}, expected {(tokens.shape[0],)} + "
+                       "(P, Vq)")
+    if np.asarray(draft.source).shape != tokens.shape:
+      raise ValueError(f"draft.source has shape {np.asarray(draft.source).shape}, tokens have "
+                       f"{tokens.shape}")
+    if vocab_size is None:
+      vocab_size = probs.shape[-1] if draft.ids is None else int(np.max(draft.ids)) + 1
   for b, i in np.ndindex(tokens.shape):
     _check_node(b, i, tokens, parent, depth, valid, vocab_size)
-  if q is not None:
-    _check_q(q, tokens, valid)
+  if draft is not None:
+    _check_draft(tree, vocab_size, valid)
 
 
 def _check_node(b, i, tokens, parent, depth, valid, vocab_size) -> None:
@@ -284,13 +371,27 @@ def _check_node(b, i, tokens, parent, depth, valid, vocab_size) -> None:
     raise ValueError(f"{where}: token id {int(tokens[b, i])} outside [0, {vocab_size})")
 
 
-def _check_q(q, tokens, valid) -> None:
-  if not np.all(np.isfinite(q)) or np.any(q < 0):
+def _check_draft(tree: Tree, vocab_size: int | None, valid: np.ndarray) -> None:
+  draft = tree.draft
+  probs, source = np.asarray(draft.probs, np.float64), np.asarray(draft.source)
+  if not np.all(np.isfinite(probs)) or np.any(probs < 0):
     raise ValueError("q has negative or non-finite entries")
-  sums = q.sum(-1)
+  rows = probs.shape[1]
+  if np.any(valid & ((source < 0) | (source >= rows))):
+    raise ValueError(f"draft.source holds a row outside [0, {rows})")
+  if draft.ids is not None:
+    ids = np.asarray(draft.ids)
+    want = (probs.shape[0], probs.shape[2])
+    if ids.shape != want:
+      raise ValueError(f"draft.ids has shape {ids.shape}, expected {want}")
+    if ids.min() < 0 or ids.max() >= vocab_size:
+      raise ValueError(f"draft.ids hold ids outside [0, {vocab_size})")
+  sums = probs.sum(-1)
+  q = np.asarray(tree.node_q(vocab_size), np.float64)
+  tokens = np.asarray(tree.tokens)
   for b, i in zip(*np.nonzero(valid)):
-    if abs(sums[b, i] - 1.0) > 1e-3:
-      raise ValueError(f"row {b}, node {i}: q sums to {sums[b, i]:.6f}, not 1")
+    if abs(sums[b, source[b, i]] - 1.0) > 1e-3:
+      raise ValueError(f"row {b}, node {i}: q sums to {sums[b, source[b, i]]:.6f}, not 1")
     if q[b, i, tokens[b, i]] <= 0:
       raise ValueError(f"row {b}, node {i}: token {int(tokens[b, i])} has q = 0, so it cannot "
                        "have been sampled from q")
@@ -316,7 +417,9 @@ def grown_tree_capacity(depth: int, top_k: int) -> int:
 
 
 def grow_dynamic_tree(root_logp: jax.Array, expand, carry, *, depth: int, top_k: int,
-                      num_nodes: int) -> tuple[DynamicTree, object]:
+                      num_nodes: int, children: Children = TOP_K,
+                      sampling: SamplingConfig = GREEDY, key: jax.Array | None = None
+                      ) -> tuple[DynamicTree, object]:
   """EAGLE-2 (Li et al. 2024): expand the best frontier by cumulative log-probability, then keep
   the best `num_nodes` of everything proposed.
 
@@ -325,14 +428,22 @@ def grow_dynamic_tree(root_logp: jax.Array, expand, carry, *, depth: int, top_k:
     `top_k` nodes at depth `level` (int32[B, k] draft ids; `parent[b, i]` is the index of node i's
     parent in the previous frontier, 0 for the root when level == 1), returning float32[B, k, V]
     log-probabilities of their children.
+  children, sampling, key: how each expanded node's k children are picked (`specjax.children`):
+    its top-k (the default), or k draws from q (at a temperature > 0; `key` then required), the
+    tree then carrying one q row per expanded parent (`DraftDist`).
 
   1. The root's top_k children form the depth-1 frontier.
-  2. For levels 1 .. depth - 1: each frontier node proposes its top_k children, scored parent
-     score + child log-probability (top_k^2 candidates, all kept); the best top_k of them are the
-     next frontier.
+  2. For levels 1 .. depth - 1: each frontier node proposes top_k children, scored parent
+     score + child score (top_k^2 candidates, all kept); the best top_k of them are the next
+     frontier.
   3. The tree is the best `num_nodes` of the top_k + (depth - 1) top_k^2 candidates, in candidate
      order. A child never scores above its parent and ties go to the lower (earlier) candidate,
      so the kept set contains every kept node's parent and parents precede children.
+
+  A child's score is its log-probability for top-k children, its slot's (the i-th largest log q
+  for a parent's i-th draw, never its own token's: `specjax.children`) for sampled ones; those
+  whose slot holds no token (q's support exhausted without replacement) are invalid, as are
+  their descendants (they score -inf).
 
   Shapes are static: a Python loop over `depth` levels with fixed k.
   """
@@ -342,18 +453,26 @@ def grow_dynamic_tree(root_logp: jax.Array, expand, carry, *, depth: int, top_k:
   if not 1 <= num_nodes <= most:
     raise ValueError(f"num_nodes must be in [1, {most}] for depth {depth} and top_k {k}, "
                      f"got {num_nodes}")
-  score, tok = jax.lax.top_k(root_logp.astype(jnp.float32), k)  # [B, k]
+  sampled = children.used(sampling) != "top_k"
+  if sampled and key is None:
+    raise ValueError("sampled children need a key")
+  keys = jax.random.split(key, depth) if sampled else [None] * depth
+  picked = pick(children, sampling, keys[0], root_logp[:, None], k)
+  score, tok = picked.scores[:, 0], picked.tokens[:, 0]  # [B, k]
   scores, tokens = [score], [tok]
+  rows, cand_rows = [picked.q], [np.zeros(k, np.int32)]  # q rows; the row each candidate used
   parents, depths = [jnp.full((b, k), -1, jnp.int32)], [np.ones(k, np.int32)]
   front_score, front_tok = score, tok
   front_cand = jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32), (b, k))
   front_parent = jnp.zeros((b, k), jnp.int32)
   for level in range(1, depth):
     logp, carry = expand(carry, front_tok, front_parent, level)
-    child_lp, child_tok = jax.lax.top_k(logp.astype(jnp.float32), k)  # [B, k, k]
-    child_score = (front_score[:, :, None] + child_lp).reshape(b, k * k)
+    picked = pick(children, sampling, keys[level], logp, k)  # [B, k, k]
+    child_score = (front_score[:, :, None] + picked.scores).reshape(b, k * k)
     scores.append(child_score)
-    tokens.append(child_tok.reshape(b, k * k))
+    tokens.append(picked.tokens.reshape(b, k * k))
+    rows.append(picked.q)
+    cand_rows.append(1 + (level - 1) * k + np.repeat(np.arange(k, dtype=np.int32), k))
     parents.append(jnp.repeat(front_cand, k, axis=1))
     depths.append(np.full(k * k, level + 1, np.int32))
     front_score, flat = jax.lax.top_k(child_score, k)
@@ -370,18 +489,27 @@ def grow_dynamic_tree(root_logp: jax.Array, expand, carry, *, depth: int, top_k:
   # Position of each node's parent among the kept candidates (-1 under the root).
   match = keep[:, None, :] == parent_cand[:, :, None]  # [B, N, N]
   parent = jnp.where(parent_cand < 0, -1, jnp.argmax(match, axis=-1)).astype(jnp.int32)
+  kept_scores = jnp.take_along_axis(scores, keep, axis=1)
+  draft, valid = None, None
+  if sampled:  # the last level's frontier is never expanded: its q rows are not kept
+    probs = jnp.concatenate(rows, axis=1)  # [B, 1 + (depth - 1) k, V]
+    source = jnp.asarray(np.concatenate(cand_rows))[keep]
+    draft = DraftDist(probs=probs, source=source.astype(jnp.int32),
+                      without_replacement=children.mode == "wor")
+    valid = kept_scores > -jnp.inf
   # With one child per node the kept nodes are a prefix of the one path grown (scores only fall).
-  tree = _make(jnp.take_along_axis(tokens, keep, axis=1), parent, depth_all[keep], None, None,
-               chain=k == 1 or num_nodes == 1)
-  return DynamicTree(tree, jnp.take_along_axis(scores, keep, axis=1)), carry
+  tree = _make(jnp.take_along_axis(tokens, keep, axis=1), parent, depth_all[keep], None, valid,
+               chain=k == 1 or num_nodes == 1, draft=draft)
+  return DynamicTree(tree, kept_scores), carry
 
 
 # ------------------------------------------------------------------------------------------------
 # Trees from per-depth marginals (parallel drafters)
 
 
-def tree_from_marginals(logp: jax.Array, *, num_nodes: int, top_k: int | None = None
-                        ) -> DynamicTree:
+def tree_from_marginals(logp: jax.Array, *, num_nodes: int, top_k: int | None = None,
+                        children: Children = TOP_K, sampling: SamplingConfig = GREEDY,
+                        key: jax.Array | None = None) -> DynamicTree:
   """The best `num_nodes`-node tree from the per-depth marginals of one parallel draft pass
   (DFlash and kin): DDTree's best-first tree (Ringel et al. 2026) with static shapes.
 
@@ -400,9 +528,10 @@ def tree_from_marginals(logp: jax.Array, *, num_nodes: int, top_k: int | None = 
   selection. top_k = 1 with num_nodes = D is the chain of per-depth argmaxes, which is what the
   DFlash reference verifies.
 
-  Children are the top-ranked tokens of deterministic scores, never samples: the tree needs no
-  q (`Tree.q` is None) and recursive rejection against the target's own distribution keeps any
-  temperature's output law exact.
+  With top-k children (the default) the tree needs no q (`Tree.draft` is None): recursive
+  rejection against the target's own distribution keeps any temperature's output law exact.
+  Sampled children (`children`, at a temperature > 0) are drawn from each depth's marginal at
+  every expanded parent, the tree ranked by their slots' scores (`grow_dynamic_tree`).
   """
   b, d, v = logp.shape
   k = min(num_nodes, v) if top_k is None else top_k
@@ -416,5 +545,6 @@ def tree_from_marginals(logp: jax.Array, *, num_nodes: int, top_k: int | None = 
   def expand(carry, tokens, parent, level):  # every frontier node reads the next depth's marginal
     return jnp.broadcast_to(logp[:, level][:, None], (b, tokens.shape[1], v)), carry
 
-  grown, _ = grow_dynamic_tree(logp[:, 0], expand, (), depth=d, top_k=k, num_nodes=num_nodes)
+  grown, _ = grow_dynamic_tree(logp[:, 0], expand, (), depth=d, top_k=k, num_nodes=num_nodes,
+                               children=children, sampling=sampling, key=key)
   return grown

@@ -34,6 +34,10 @@ distribution for the token *after* that row.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import warnings
+
 import jax
 import jax.numpy as jnp
 from flax import struct
@@ -47,6 +51,97 @@ from specjax.trees import Tree
 # current node. The rejection that produced it had probability about that mass, so the output law
 # moves by at most ~1e-7 in total variation, and no 0 / 0 can ever occur.
 EMPTY_MASS = float(jnp.finfo(jnp.float32).eps)
+
+
+RULES = ("recursive", "kseq", "typical")
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+  """An acceptance rule (a static option: hashable). At temperature 0 every rule is greedy
+  matching (`accept_greedy`), lossless.
+
+  * "recursive" (the default): recursive rejection sampling, above. Lossless for any tree whose
+    nodes were drawn from the q the tree carries (deterministic, i.i.d. or without replacement).
+  * "kseq": SpecTr's k-sequential selection (Sun et al. 2023) at every node of a tree of i.i.d.
+    children. A node with k children x_1..x_k ~ q i.i.d. tries them in order, accepting x_i
+    with probability min(1, p(x_i) / (rho q(x_i))) against the node's own target p (no
+    residual between siblings); if none is accepted the bonus is drawn from
+      p_res = normalize(p - min(q, p / rho) (1 - (1 - beta)^k) / beta),  beta = sum min(q, p / rho).
+    Proof sketch: trial i accepts and emits y with probability (1 - beta)^(i - 1) min(q, p /
+    rho)(y), so the k trials emit y with min(q, p / rho)(y) (1 - (1 - beta)^k) / beta, and the
+    bonus adds (1 - beta)^k p_res(y); the unnormalised p_res sums to 1 - (1 - (1 - beta)^k) =
+    (1 - beta)^k, so the total is p(y), provided p_res >= 0, i.e. (1 - (1 - beta)^k) <= rho beta
+    (min(q, p / rho) <= p / rho). rho = k always satisfies it (Bernoulli's inequality) and rho =
+    1 does for k = 1 (the single-draft rule); the smallest such rho (`kseq_rho`) accepts most,
+    since 1 - (1 - beta)^k falls with rho. Below an accepted child the induction repeats on its
+    own children. Needs i.i.d. sampled children (the same q for every sibling, drawn
+    independently): the number of children of a node must not depend on their tokens.
+  * "typical": Medusa-2's typical acceptance (Cai et al. 2024): the first child x with p(x) >
+    min(epsilon, alpha exp(-H(p))) is accepted, the bonus drawn from p where the walk stops.
+    **Lossy**: a likely-enough draft is kept whatever the target's law, which over-represents
+    the drafter's favourites (the tests measure the difference). Off by default; choosing it
+    warns, and results record it.
+  """
+
+  name: str = "recursive"
+  epsilon: float = 0.09  # typical: the hard threshold (Medusa's posterior_threshold)
+  alpha: float = 0.3  # typical: the entropy-scaled threshold's factor (posterior_alpha)
+
+  def __post_init__(self):
+    if self.name not in RULES:
+      raise ValueError(f"rule must be one of {list(RULES)} (typical is lossy), got "
+                       f"{self.name!r}")
+    for field in ("epsilon", "alpha"):
+      value = getattr(self, field)
+      if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value <= 1:
+        raise ValueError(f"rule {field} must be a number in (0, 1], got {value!r}")
+
+  @property
+  def lossy(self) -> bool:
+    """Whether the rule changes the output law (typical acceptance)."""
+    return self.name == "typical"
+
+  @property
+  def needs_iid(self) -> bool:
+    """Whether the rule needs i.i.d. sampled children (k-sequential selection)."""
+    return self.name == "kseq"
+
+
+RECURSIVE = Rule()
+
+
+def rule_of(rule: Rule | str | None) -> Rule:
+  """A `Rule` from a rule or its name (None: recursive rejection); warns for a lossy one."""
+  if rule is None:
+    return RECURSIVE
+  if isinstance(rule, str):
+    rule = Rule(rule)
+  if not isinstance(rule, Rule):
+    raise ValueError(f"rule must be one of {list(RULES)} or a specjax.verify.Rule, got {rule!r}")
+  if rule.lossy:
+    warnings.warn(f"verification rule {rule.name!r} is LOSSY: sampled output no longer follows "
+                  "the target's distribution", LossyRuleWarning, stacklevel=3)
+  return rule
+
+
+class LossyRuleWarning(UserWarning):
+  """A lossy acceptance rule (typical acceptance) was chosen."""
+
+
+def check_children(rule: Rule, children_mode: str) -> None:
+  """ValueError when `rule` cannot verify children drafted as `children_mode` ("top_k", "iid",
+  "wor"; the mode a drafter uses at a temperature > 0)."""
+  if rule.needs_iid and children_mode != "iid":
+    raise ValueError(f"rule {rule.name!r} needs i.i.d. sampled children (children='iid'); this "
+                     f"drafter's children are {children_mode!r}: use rule='recursive', or "
+                     "build the drafter with children='iid'")
+
+
+def _check_rule(rule: Rule, tree: Tree) -> None:
+  if rule.needs_iid and (tree.draft is None or tree.draft.without_replacement):
+    mode = "top_k" if tree.draft is None else "wor"
+    check_children(rule, mode)
 
 
 @struct.dataclass
@@ -85,37 +180,199 @@ def _renormalise(residual: jax.Array, fallback: jax.Array) -> jax.Array:
   return jnp.where(mass > EMPTY_MASS, residual / jnp.maximum(mass, EMPTY_MASS), fallback)
 
 
-def _walk_row(p, tokens, parent, valid, q, uniforms):
+def _row_q(draft, vocab_size: int):
+  """(rows float32[P, Vq], ids int32[Vq] or None) of one batch row's `DraftDist` -> a function
+  of a row index giving that row over the target's vocabulary, float32[V]."""
+  rows, ids = draft
+
+  def q_of(src):
+    q = rows[src]
+    if ids is None:
+      return q
+    return jnp.zeros((vocab_size,), jnp.float32).at[ids].add(q)  # 0 outside the draft's ids
+
+  return q_of
+
+
+def _walk_row(p, tokens, parent, valid, draft, uniforms, *, without_replacement: bool):
   """The scan over one row's nodes. p: [N+1, V]; tokens, parent, valid, uniforms: [N];
-  q: [N, V] or None (deterministic children). Returns (accepted bool[N], cur int32[], r [V])."""
+  draft: (rows [P, Vq], ids [Vq] or None, source [N]) or None (deterministic children).
+  Returns (accepted bool[N], cur int32[], r [V])."""
   v = p.shape[-1]
+  q_of = None if draft is None else _row_q(draft[:2], v)
+  source = jnp.zeros_like(tokens) if draft is None else draft[2]
 
   def step(carry, node):
-    cur, r = carry  # cur: block row of the deepest accepted node (0 = root)
-    i, token, par, ok, q_i, u = node
-    if q_i is None:  # a deterministic child is a draft with one-hot q
+    cur, r, drawn = carry  # cur: block row of the deepest accepted node (0 = root)
+    i, token, par, ok, src, u = node
+    if q_of is None:  # a deterministic child is a draft with one-hot q
       q_i = jax.nn.one_hot(token, v, dtype=jnp.float32)
+    else:
+      q_i = q_of(src)
+      if without_replacement:  # the row without the tokens of the siblings tried before
+        q_i = jnp.where(drawn, 0.0, q_i)
+        q_i = q_i / jnp.maximum(jnp.sum(q_i), jnp.finfo(jnp.float32).tiny)
     tried = ok & (par + 1 == cur)  # block row of the parent is parent + 1 (root: -1 + 1 = 0)
     hit, residual = try_node(r, token, q_i, u)
     accepted = tried & hit
     r = jnp.where(accepted, p[i + 1], jnp.where(tried, _renormalise(residual, p[cur]), r))
-    return (jnp.where(accepted, i + 1, cur), r), accepted
+    if without_replacement:  # a move to a child starts its sibling list afresh
+      drawn = jnp.where(accepted, False, drawn.at[token].set(drawn[token] | tried))
+    return (jnp.where(accepted, i + 1, cur), r, drawn), accepted
 
-  nodes = (jnp.arange(tokens.shape[0], dtype=jnp.int32), tokens, parent, valid, q, uniforms)
-  (cur, r), accepted = jax.lax.scan(step, (jnp.int32(0), p[0]), nodes)
+  drawn = jnp.zeros((v if without_replacement else 0,), bool)
+  nodes = (jnp.arange(tokens.shape[0], dtype=jnp.int32), tokens, parent, valid, source,
+           uniforms)
+  (cur, r, _), accepted = jax.lax.scan(step, (jnp.int32(0), p[0], drawn), nodes)
   return accepted, cur, r
 
 
-def walk(tree: Tree, p: jax.Array, uniforms: jax.Array):
+def _draft_args(tree: Tree):
+  """The tree's draft distributions as `_walk_row`'s per-row tuple (vmapped over rows)."""
+  d = tree.draft
+  if d is None:
+    return None, (None, None)
+  ids_axis = None if d.ids is None else 0
+  return (d.probs.astype(jnp.float32), d.ids, d.source), (0, ids_axis)
+
+
+def walk(tree: Tree, p: jax.Array, uniforms: jax.Array, rule: Rule | None = None):
   """The acceptance walk with injected uniforms (white-box entry point).
 
   p: float32[B, N+1, V] target distributions per block row; uniforms: float32[B, N], one per node
   (used only if the node is tried). Returns (accepted_node bool[B, N], cur int32[B] the block row
   of the last accepted node, residual float32[B, V] normalised: the bonus token's distribution).
+  rule: the acceptance rule (`Rule`; default recursive rejection).
   """
-  q = None if tree.q is None else tree.q.astype(jnp.float32)
-  return jax.vmap(_walk_row)(p.astype(jnp.float32), tree.tokens, tree.parent, tree.valid, q,
-                             uniforms.astype(jnp.float32))
+  rule = RECURSIVE if rule is None else rule
+  _check_rule(rule, tree)
+  p = p.astype(jnp.float32)
+  uniforms = uniforms.astype(jnp.float32)
+  if rule.name == "kseq":
+    return _kseq_walk(tree, p, uniforms)
+  if rule.name == "typical":
+    return _typical_walk(tree, p, rule)
+  draft, (rows_axis, ids_axis) = _draft_args(tree)
+  wor = tree.draft is not None and tree.draft.without_replacement
+  if draft is None:
+    def row(p, tokens, parent, valid, u):
+      return _walk_row(p, tokens, parent, valid, None, u, without_replacement=False)
+    return jax.vmap(row)(p, tree.tokens, tree.parent, tree.valid, uniforms)
+  row = functools.partial(_walk_row, without_replacement=wor)
+  return jax.vmap(row, in_axes=(0, 0, 0, 0, (rows_axis, ids_axis, 0), 0))(
+      p, tree.tokens, tree.parent, tree.valid, draft, uniforms)
+
+
+# ------------------------------------------------------------------------------------------------
+# SpecTr's k-sequential selection
+
+
+def _children_stats(tree: Tree, v: int):
+  """Per block row j (0 the root, i + 1 node i): k[B, N+1] its valid children, and q[B, N+1, V]
+  the row they were drawn from (zeros for a leaf)."""
+  b, n = tree.tokens.shape
+  rows = tree.draft.row_q(v)  # [B, P, V]
+  par_row = jnp.where(tree.valid, tree.parent + 1, n + 1)  # an invalid node counts nowhere
+  bidx = jnp.arange(b)[:, None]
+  k = jnp.zeros((b, n + 2), jnp.int32).at[bidx, par_row].add(1)[:, :n + 1]
+  src = jnp.zeros((b, n + 2), jnp.int32).at[bidx, par_row].max(tree.draft.source)[:, :n + 1]
+  q = jnp.take_along_axis(rows, src[:, :, None], axis=1) * (k > 0)[:, :, None]
+  return k, q
+
+
+KSEQ_ITERS = 30  # bisection steps for rho: its bracket [1, k] shrinks to (k - 1) 2^-30
+
+
+def kseq_rho(p: jax.Array, q: jax.Array, k: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(rho, beta) of k-sequential selection for target p and draft q ([..., V]) with k i.i.d.
+  drafts: the smallest rho in [1, k] with 1 - (1 - beta)^k <= rho beta, beta = sum min(q, p /
+  rho) (bisection, keeping the end that satisfies the bound; k <= 1 gives rho = 1)."""
+  kf = jnp.maximum(k, 1).astype(jnp.float32)
+
+  def beta(rho):
+    return jnp.sum(jnp.minimum(q, p / rho[..., None]), axis=-1)
+
+  def ok(rho):
+    b = beta(rho)
+    return 1.0 - (1.0 - b) ** kf <= rho * b
+
+  def step(_, bracket):
+    lo, hi = bracket
+    mid = 0.5 * (lo + hi)
+    good = ok(mid)
+    return jnp.where(good, lo, mid), jnp.where(good, mid, hi)
+
+  lo, hi = jnp.ones_like(kf), kf
+  _, hi = jax.lax.fori_loop(0, KSEQ_ITERS, step, (lo, hi))
+  rho = jnp.where(ok(lo), lo, hi)
+  return rho, beta(rho)
+
+
+def kseq_residual(p: jax.Array, q: jax.Array, k: jax.Array, rho: jax.Array, beta: jax.Array
+                  ) -> jax.Array:
+  """normalize(p - min(q, p / rho) (1 - (1 - beta)^k) / beta): the law of the bonus when all k
+  drafts are rejected (p itself for k = 0)."""
+  kf = k.astype(jnp.float32)[..., None]
+  b = beta[..., None]
+  scale = jnp.where(b > 0, (1.0 - (1.0 - b) ** kf) / jnp.maximum(b, EMPTY_MASS), kf)
+  res = jnp.maximum(p - jnp.minimum(q, p / rho[..., None]) * scale, 0.0)
+  res = jnp.where(kf > 0, res, p)
+  mass = jnp.sum(res, axis=-1, keepdims=True)
+  return jnp.where(mass > EMPTY_MASS, res / jnp.maximum(mass, EMPTY_MASS), p)
+
+
+def _kseq_walk(tree: Tree, p: jax.Array, uniforms: jax.Array):
+  """K-SEQ at every node of a tree of i.i.d. children (module docstring, `Rule`)."""
+  v = p.shape[-1]
+  k, q_child = _children_stats(tree, v)  # [B, N+1], [B, N+1, V]
+  rho, beta = kseq_rho(p, q_child, k)  # [B, N+1]
+
+  def row(p, q_child, rho, tokens, parent, valid, u):
+    def step(cur, node):
+      i, token, par, ok, u_i = node
+      tried = ok & (par + 1 == cur)
+      accepted = tried & (u_i * rho[cur] * q_child[cur, token] < p[cur, token])
+      return jnp.where(accepted, i + 1, cur), accepted
+
+    nodes = (jnp.arange(tokens.shape[0], dtype=jnp.int32), tokens, parent, valid, u)
+    return jax.lax.scan(step, jnp.int32(0), nodes)
+
+  cur, accepted = jax.vmap(row)(p, q_child, rho, tree.tokens, tree.parent, tree.valid, uniforms)
+  at = cur[:, None]
+  take = lambda x: jnp.take_along_axis(x, at, axis=1)[:, 0]  # noqa: E731
+  residual = kseq_residual(
+      jnp.take_along_axis(p, at[:, :, None], axis=1)[:, 0],
+      jnp.take_along_axis(q_child, at[:, :, None], axis=1)[:, 0], take(k), take(rho),
+      take(beta))
+  return accepted, cur, residual
+
+
+# ------------------------------------------------------------------------------------------------
+# Typical acceptance (lossy)
+
+
+def typical_threshold(p: jax.Array, rule: Rule) -> jax.Array:
+  """min(epsilon, alpha exp(-H(p))) over [..., V]: the probability a child must exceed."""
+  entropy = -jnp.sum(jnp.where(p > 0, p * jnp.log(jnp.where(p > 0, p, 1.0)), 0.0), axis=-1)
+  return jnp.minimum(rule.epsilon, rule.alpha * jnp.exp(-entropy))
+
+
+def _typical_walk(tree: Tree, p: jax.Array, rule: Rule):
+  """Typical acceptance: at each node the first child whose target probability exceeds the
+  threshold is accepted; the bonus is drawn from p where the walk stops."""
+  thresh = typical_threshold(p, rule)  # [B, N+1]
+
+  def row(p, thresh, tokens, parent, valid):
+    def step(cur, node):
+      i, token, par, ok = node
+      accepted = ok & (par + 1 == cur) & (p[cur, token] > thresh[cur])
+      return jnp.where(accepted, i + 1, cur), accepted
+
+    nodes = (jnp.arange(tokens.shape[0], dtype=jnp.int32), tokens, parent, valid)
+    return jax.lax.scan(step, jnp.int32(0), nodes)
+
+  cur, accepted = jax.vmap(row)(p, thresh, tree.tokens, tree.parent, tree.valid)
+  return accepted, cur, jnp.take_along_axis(p, cur[:, None, None], axis=1)[:, 0]
 
 
 def draw_bonus(residual: jax.Array, keys: jax.Array, greedy: bool) -> jax.Array:
@@ -153,20 +410,22 @@ def _assemble(tokens: jax.Array, accepted: jax.Array, bonus: jax.Array, *,
 
 
 def accept_with_uniforms(tree: Tree, p: jax.Array, uniforms: jax.Array, bonus_key: jax.Array,
-                         *, greedy: bool = False) -> Acceptance:
+                         *, greedy: bool = False, rule: Rule | None = None) -> Acceptance:
   """`accept` with the target distributions p: float32[B, N+1, V] and the accept uniforms
   float32[B, N] given; the bonus is drawn with row_keys(bonus_key, B) (or argmax when greedy)."""
   _check_shapes(tree, p)
-  accepted, _, residual = walk(tree, p, uniforms)
+  accepted, _, residual = walk(tree, p, uniforms, rule)
   bonus = draw_bonus(residual, row_keys(bonus_key, tree.batch_size), greedy)
   return _assemble(tree.tokens, accepted, bonus, chain=tree.chain)
 
 
-@jax.jit
-def accept(tree: Tree, logits: jax.Array, sampling: SamplingConfig, rng: jax.Array) -> Acceptance:
+@functools.partial(jax.jit, static_argnames="rule")
+def accept(tree: Tree, logits: jax.Array, sampling: SamplingConfig, rng: jax.Array,
+           rule: Rule | None = None) -> Acceptance:
   """Verifies `tree` against the target's logits: float[B, N+1, V] (row 0 at the root, row i + 1
   at node i) under `sampling` (temperature / top-k / top-p applied to the target, greedy = T 0;
-  a pytree whose mode is static and whose temperature and top-p are traced).
+  a pytree whose mode is static and whose temperature and top-p are traced) by `rule` (a static
+  `Rule`; None: recursive rejection).
 
   Randomness: rng splits into an accept key and a bonus key (a uniform is never reused for both
   the accept test and the residual draw); each batch row folds in its index (row_keys), so a row's
@@ -179,7 +438,7 @@ def accept(tree: Tree, logits: jax.Array, sampling: SamplingConfig, rng: jax.Arr
   b, n = tree.tokens.shape
   accept_key, bonus_key = jax.random.split(rng)
   uniforms = jax.vmap(lambda k: jax.random.uniform(k, (n,)))(row_keys(accept_key, b))
-  return accept_with_uniforms(tree, p, uniforms, bonus_key, greedy=sampling.greedy)
+  return accept_with_uniforms(tree, p, uniforms, bonus_key, greedy=sampling.greedy, rule=rule)
 
 
 def accept_greedy(tree: Tree, logits: jax.Array) -> Acceptance:
@@ -214,5 +473,6 @@ def _check_shapes(tree: Tree, x: jax.Array) -> None:
   if x.ndim != 3 or x.shape[:2] != (b, n + 1):
     raise ValueError(f"target rows have shape {x.shape}, expected ({b}, {n + 1}, V) for a tree "
                      f"of {n} nodes (row 0 is the root)")
-  if tree.q is not None and tree.q.shape[-1] != x.shape[-1]:
-    raise ValueError(f"draft q has vocab {tree.q.shape[-1]}, the target has {x.shape[-1]}")
+  d = tree.draft
+  if d is not None and d.ids is None and d.probs.shape[-1] != x.shape[-1]:
+    raise ValueError(f"draft q has vocab {d.probs.shape[-1]}, the target has {x.shape[-1]}")

@@ -145,7 +145,8 @@ def test_template_tree_fills_tokens_and_broadcasts_structure():
   np.testing.assert_array_equal(tree.parent, np.broadcast_to(tpl.parent, (2, 5)))
   np.testing.assert_array_equal(tree.depth, np.broadcast_to(tpl.depth, (2, 5)))
   assert tree.valid.dtype == bool and bool(jnp.all(tree.valid))
-  assert tree.tokens.dtype == jnp.int32 and tree.q.dtype == jnp.float32 and tree.vocab_size == 11
+  assert tree.tokens.dtype == jnp.int32 and tree.draft.probs.dtype == jnp.float32
+  np.testing.assert_array_equal(tree.node_q(11), q)
   with pytest.raises(ValueError, match="5"):
     tpl.tree(tokens[:, :4])
   with pytest.raises(ValueError, match="q has shape"):
@@ -163,7 +164,7 @@ def test_chain_builder():
   ref = TreeTemplate.chain(3).tree(tokens)
   for a, b in zip(jax.tree.leaves(tree), jax.tree.leaves(ref)):
     np.testing.assert_array_equal(a, b)
-  assert tree.q is None
+  assert tree.draft is None
 
 
 def test_chain_flag_marks_exactly_the_static_chains():
@@ -193,8 +194,8 @@ def test_tree_is_a_pytree_with_optional_q():
   for tree in (tpl.tree(np.zeros((2, 5), int)), with_q):
     out = jax.jit(lambda t: t.replace(tokens=t.tokens + 1))(tree)
     np.testing.assert_array_equal(out.tokens, 1)
-    assert (out.q is None) == (tree.q is None)
-  assert len(jax.tree.leaves(with_q)) == 5
+    assert (out.draft is None) == (tree.draft is None)
+  assert len(jax.tree.leaves(with_q)) == 6  # + the draft rows and their sources
 
 
 # ------------------------------------------------------------------------------------------------
@@ -262,7 +263,7 @@ def test_chain_closed_form_equals_the_closure(n):
 def test_empty_tree():
   """N = 0 (autoregressive decoding): shapes [B, 0], the root sees itself, positions [0]."""
   tree = Tree.empty(3)
-  assert tree.tokens.shape == (3, 0) and tree.num_nodes == 0 and tree.q is None
+  assert tree.tokens.shape == (3, 0) and tree.num_nodes == 0 and tree.draft is None
   assert trees.ancestor_mask(tree).shape == (3, 0, 0)
   np.testing.assert_array_equal(trees.verify_mask(tree), np.ones((3, 1, 1), bool))
   np.testing.assert_array_equal(trees.positions_offsets(tree), np.zeros((3, 1)))
@@ -280,6 +281,10 @@ def _good_tree():
   return TreeTemplate.from_paths(MEDUSA).tree(tokens, q=q, valid=[[1, 0, 1, 1, 0]])
 
 
+def _with_probs(tree, probs):
+  return tree.replace(draft=tree.draft.replace(probs=probs))
+
+
 def test_validate_accepts_good_trees():
   """Well-formed trees pass: the Medusa tree with q and a pruned subtree, and random trees."""
   trees.validate(_good_tree())
@@ -294,10 +299,13 @@ def test_validate_accepts_good_trees():
     (lambda t: t.replace(valid=t.valid.at[0, 4].set(True)), "invalid"),
     (lambda t: t.replace(tokens=t.tokens.at[0, 2].set(5)), "outside"),
     (lambda t: t.replace(tokens=t.tokens.at[0, 1].set(-1)), "outside"),
-    (lambda t: t.replace(q=t.q.at[0, 0].set(jnp.eye(5)[0])), "q = 0"),  # node 0 drafted token 1
-    (lambda t: t.replace(q=t.q.at[0, 0].set(0.3)), "sums to"),
-    (lambda t: t.replace(q=t.q.at[0, 0, 0].set(jnp.nan)), "non-finite"),
-    (lambda t: t.replace(q=t.q[:, :, None]), "q has shape"),
+    (lambda t: _with_probs(t, t.draft.probs.at[0, 0].set(jnp.eye(5)[0])), "q = 0"),  # token 1
+    (lambda t: _with_probs(t, t.draft.probs.at[0, 0].set(0.3)), "sums to"),
+    (lambda t: _with_probs(t, t.draft.probs.at[0, 0, 0].set(jnp.nan)), "non-finite"),
+    (lambda t: _with_probs(t, t.draft.probs[:, :, None]), "probs has shape"),
+    (lambda t: t.replace(draft=t.draft.replace(source=t.draft.source.at[0, 0].set(7))),
+     "outside"),
+    (lambda t: t.replace(draft=t.draft.replace(ids=jnp.full((1, 5), -1, jnp.int32))), "outside"),
     (lambda t: t.replace(valid=t.valid[:, :4]), "valid has shape"),
     (lambda t: t.replace(chain=True), "marked chain"),
 ])

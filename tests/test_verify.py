@@ -543,7 +543,7 @@ def test_greedy_equals_brute_force_walk(sampled_q):
   q = _random_dists(rng, b * n, v, p_zero=0.0).reshape(b, n, v) if sampled_q else None
   logits = rng.integers(0, 3, (b, n + 1, v)).astype(np.float32)
   tree = Tree(jnp.asarray(tokens, jnp.int32), jnp.asarray(parent), jnp.asarray(depth),
-              jnp.asarray(valid), None if q is None else jnp.asarray(q))
+              jnp.asarray(valid), None if q is None else trees.per_node(q))
   out = jax.tree.map(np.asarray, verify.accept(tree, logits, SamplingConfig(), jax.random.key(1)))
   for r in range(b):
     acc, bonus = _brute_greedy(tokens[r], parent[r], valid[r], logits[r])
@@ -828,7 +828,7 @@ def test_acceptance_fields_are_consistent(sampled_q):
   q = _random_dists(rng, b * n, V, p_zero=0.0).reshape(b, n, V) if sampled_q else None
   logits = (2 * rng.normal(size=(b, n + 1, V))).astype(np.float32)
   tree = Tree(jnp.asarray(tokens, jnp.int32), jnp.asarray(parent), jnp.asarray(depth),
-              jnp.asarray(valid), None if q is None else jnp.asarray(q))
+              jnp.asarray(valid), None if q is None else trees.per_node(q))
   out = jax.tree.map(np.asarray, verify.accept(tree, logits, SamplingConfig(1.0),
                                                jax.random.key(0)))
   assert out.path.shape == out.tokens.shape == (b, n + 1) and out.accepted_node.shape == (b, n)

@@ -408,7 +408,9 @@ class DFlashDrafter(learned.LearnedDrafter):
     recent = self.recent_vocab(target, ctx)
     if not self.net.correction_rank:  # one marginal per depth: DDTree's best-first tree
       grown = trees.tree_from_marginals(learned.draft_logprobs(self._head(h, recent)),
-                                        num_nodes=self.total_tokens, top_k=self.top_k)
+                                        num_nodes=self.total_tokens, top_k=self.top_k,
+                                        children=self.children, sampling=target.sampling,
+                                        key=ctx.rng)
     else:  # each frontier node's children conditioned on its own token
       corrected = self._corrected(network, target, state, h, recent)
 
@@ -417,8 +419,9 @@ class DFlashDrafter(learned.LearnedDrafter):
 
       root = corrected(0, ctx.pending[:, None])[:, 0]
       grown, _ = trees.grow_dynamic_tree(root, expand, (), depth=self.depth, top_k=self.top_k,
-                                         num_nodes=self.total_tokens)
-    tree = grown.tree.replace(tokens=self.to_target_ids(grown.tree.tokens, recent))
+                                         num_nodes=self.total_tokens, children=self.children,
+                                         sampling=target.sampling, key=ctx.rng)
+    tree = self.with_targets(grown.tree, recent)
     return tree, state, ctx.cache
 
   def update(self, target: TargetView, state: DFlashState, result: RoundResult) -> DFlashState:
@@ -542,11 +545,13 @@ class DFlashFamily(learned.Family):
                            num_steps), jnp.zeros((), jnp.float32)
 
   def assemble(self, net, params, d2t, target, hidden_layers, *, depth: int | None = None,
-               top_k: int = 1, total_tokens: int | None = None, recent_tokens: int = 0
-               ) -> DFlashDrafter:
+               top_k: int = 1, total_tokens: int | None = None, recent_tokens: int = 0,
+               children=learned.DEFAULT_CHILDREN, draft_temperature=None) -> DFlashDrafter:
     """Tree options: `depth` (<= block_size - 1; default the whole block), `top_k` (the
     frontier kept per depth; 1 with total_tokens = depth is the chain) and `total_tokens` (the
-    node budget; default depth), plus `recent_tokens` (`LearnedDrafter.recent_vocab`)."""
+    node budget; default depth), plus `recent_tokens` (`LearnedDrafter.recent_vocab`),
+    `children` and `draft_temperature` (`specjax.children`: sampled children of every
+    expanded node, drawn from its depth's marginal)."""
     depth = net.max_depth if depth is None else depth
     total_tokens = depth if total_tokens is None else total_tokens
     depth, top_k, total_tokens = check_block_options(depth, top_k, total_tokens,
@@ -557,7 +562,9 @@ class DFlashFamily(learned.Family):
     recent_tokens = learned.check_recent_tokens(recent_tokens, target.config)
     head = learned.restricted_head(target.config, target.params, d2t).astype(net.dtype)
     return DFlashDrafter(params=params, d2t=d2t, head=head, recent_tokens=recent_tokens,
-                         built_for=TargetFacts.of(target.config), net=net, depth=depth,
+                         built_for=TargetFacts.of(target.config),
+                         children=learned.check_children(children, draft_temperature),
+                         net=net, depth=depth,
                          top_k=top_k, total_tokens=total_tokens, hidden_layers=hidden_layers)
 
   def tree_options(self, spec: str) -> dict:

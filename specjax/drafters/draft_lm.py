@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from flax import nnx, struct
 
 from specjax import assets, checks, trees
+from specjax.children import SAMPLED_CHAIN, Children
 from specjax.drafters.base import DraftContext, Prefill, RoundResult, TargetFacts, TargetView
 from specjax.drafters.registry import register
 from specjax.interop.tokenizer import tokenizer_fingerprint
@@ -43,6 +44,11 @@ class DraftLM:
   @property
   def num_nodes(self) -> int:
     return self.num_tokens
+
+  @property
+  def children(self) -> Children:
+    """A chain of draws from q: each node the one i.i.d. child of the one before."""
+    return SAMPLED_CHAIN
 
   @property
   def partition_config(self) -> ModelConfig:

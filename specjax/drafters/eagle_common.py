@@ -234,8 +234,9 @@ class EagleDrafter(learned.LearnedDrafter):
 
     carry = (cache, h_root[:, None], jnp.zeros((b, 1, tree_slots), bool))
     grown, (cache, _, _) = trees.grow_dynamic_tree(
-        root_logp, expand, carry, depth=self.depth, top_k=k, num_nodes=self.total_tokens)
-    tree = grown.tree.replace(tokens=self.to_target_ids(grown.tree.tokens, recent))
+        root_logp, expand, carry, depth=self.depth, top_k=k, num_nodes=self.total_tokens,
+        children=self.children, sampling=target.sampling, key=ctx.rng)
+    tree = self.with_targets(grown.tree, recent)
     return tree, EagleState(cache.replace(length=c), state.feats, state.n_new), ctx.cache
 
   def update(self, target: TargetView, state: EagleState, result: RoundResult) -> EagleState:
@@ -278,16 +279,20 @@ class EagleFamily(learned.Family):
   subclasses set the network (`module`, `config_cls`, `make_config`) and `depth_logits`."""
 
   def assemble(self, net, params, d2t, target, hidden_layers, *, depth: int = 6, top_k: int = 4,
-               total_tokens: int = 16, recent_tokens: int = 0) -> EagleDrafter:
-    """Tree options `depth`, `top_k`, `total_tokens` (EAGLE-2's dynamic tree) and
-    `recent_tokens` (`LearnedDrafter.recent_vocab`); families that draft through the target's
-    LM head get it restricted to the draft vocabulary."""
+               total_tokens: int = 16, recent_tokens: int = 0,
+               children=learned.DEFAULT_CHILDREN, draft_temperature=None) -> EagleDrafter:
+    """Tree options `depth`, `top_k`, `total_tokens` (EAGLE-2's dynamic tree), `recent_tokens`
+    (`LearnedDrafter.recent_vocab`), `children` and `draft_temperature` (`specjax.children`);
+    families that draft through the target's LM head get it restricted to the draft
+    vocabulary."""
     depth, top_k, total_tokens = check_tree_options(depth, top_k, total_tokens, d2t.shape[0])
     recent_tokens = learned.check_recent_tokens(recent_tokens, target.config)
     head = learned.restricted_head(target.config, target.params, d2t).astype(
         net.dtype) if self.uses_target_head else None
     return EagleDrafter(params=params, d2t=d2t, head=head, recent_tokens=recent_tokens,
-                        built_for=TargetFacts.of(target.config), module=self.module, net=net,
+                        built_for=TargetFacts.of(target.config),
+                        children=learned.check_children(children, draft_temperature),
+                        module=self.module, net=net,
                         depth=depth, top_k=top_k, total_tokens=total_tokens,
                         hidden_layers=hidden_layers)
 

@@ -65,17 +65,6 @@ class HydraHeads(nnx.Module):
                            for d in range(1, cfg.num_heads + 1)])
 
 
-def _levels(template: trees.TreeTemplate):
-  """Per depth d: the static parents of depth-d nodes (-1 = root) and each node's parent slot."""
-  levels = []
-  for d in range(1, template.max_depth + 1):
-    nodes = np.nonzero(template.depth == d)[0]
-    parents = sorted(set(int(p) for p in template.parent[nodes]))
-    slot = np.asarray([parents.index(int(p)) for p in template.parent[nodes]], np.int32)
-    levels.append((nodes, np.asarray(parents, np.int32), slot))
-  return levels
-
-
 def _ancestors(template: trees.TreeTemplate, node: int) -> list[int]:
   path = []
   while node >= 0:
@@ -96,7 +85,9 @@ class Hydra(StaticTreeDrafter):
     pending_emb = learned.embed(target.config, target.params, ctx.pending)  # [B, E]
     tokens = jnp.zeros((b, self.num_nodes), jnp.int32)  # target ids, filled level by level
     recent = self.recent_vocab(target, ctx)
-    for d, (nodes, parents, slot) in enumerate(_levels(self.template), start=1):
+    sampled = self.children.used(target.sampling) != "top_k"
+
+    def level_logits(d, parents, tokens):  # [B, P, Vd (+ R)]; tokens: target ids drafted so far
       # The conditioning tokens of each parent: pending, then the parent's path in the tree.
       embs = [jnp.broadcast_to(pending_emb[:, None], (b, len(parents), f.shape[-1]))]
       if d > 1:
@@ -104,8 +95,21 @@ class Hydra(StaticTreeDrafter):
         embs.append(learned.embed(target.config, target.params, tokens[:, paths]))
       embs = jnp.concatenate([embs[0][:, :, None], *embs[1:]], axis=2)  # [B, P, d, E]
       h = heads[d - 1](jnp.broadcast_to(f[:, None], embs.shape[:2] + f.shape[-1:]), embs)
-      logits = learned.with_recent(
+      return learned.with_recent(
           jnp.einsum("BPE,EV->BPV", h, self.head, preferred_element_type=jnp.float32), h, recent)
+
+    if sampled:
+      def level_logp(d, parents, draft_ids):
+        return learned.draft_logprobs(level_logits(d, parents,
+                                                   self.to_target_ids(draft_ids, recent)))
+
+      ids, valid, draft = static_tree.sample_template(
+          self.template, self.children, target.sampling, ctx.rng, level_logp, b)
+      tree = self.template.tree(ids, valid=valid, draft=draft)
+      return self.with_targets(tree, recent), state, ctx.cache
+    for d, (nodes, parents, slot) in enumerate(static_tree.template_levels(self.template),
+                                               start=1):
+      logits = level_logits(d, parents, tokens)
       k = int(self.template.rank[nodes].max()) + 1
       _, ranked = jax.lax.top_k(logits, k)  # [B, P, k]
       picked = ranked[:, slot, self.template.rank[nodes]]  # [B, nodes]

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from specjax import checks, trees
+from specjax.children import SAMPLED_CHAIN, Children
 from specjax.drafters.base import DraftContext, Stateless, TargetFacts, TargetView
 from specjax.drafters.registry import register
 from specjax.models import decoder
@@ -32,6 +33,11 @@ class LayerSkip(Stateless):
   @property
   def num_nodes(self) -> int:
     return self.num_tokens
+
+  @property
+  def children(self) -> Children:
+    """A chain of draws from q: each node the one i.i.d. child of the one before."""
+    return SAMPLED_CHAIN
 
 
   def draft(self, target: TargetView, state, ctx: DraftContext):

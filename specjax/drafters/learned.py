@@ -31,6 +31,8 @@ import numpy as np
 from flax import nnx, struct
 
 from specjax import checks, sharding
+from specjax.children import TOP_K, Children
+from specjax.children import check as check_children  # noqa: F401 (the families' option check)
 from specjax.config_utils import NonNegFloat, NonNegInt, config
 from specjax.drafters.base import TargetFacts
 from specjax.models import decoder, layers
@@ -187,6 +189,9 @@ class LearnedDrafter:
   head: jax.Array | None
   recent_tokens: int = struct.field(pytree_node=False, default=0)
   built_for: TargetFacts | None = struct.field(pytree_node=False, default=None)
+  # How a parent's children are picked at temperatures > 0 (`specjax.children`): top-k, or
+  # draws from q; at temperature 0 always the top-k.
+  children: Children = struct.field(pytree_node=False, default=TOP_K)
 
   @property
   def head_dtype(self):
@@ -216,6 +221,19 @@ class LearnedDrafter:
     live = (idx >= 0) & ~in_vocab[ids] & ~later_copy
     cols = head_columns(target.config, target.params, ids).astype(self.head_dtype)
     return RecentVocab(ids, cols, live)
+
+  def q_ids(self, batch: int, recent: RecentVocab | None = None) -> jax.Array:
+    """int32[B, Vd (+ R)]: the target id of each entry of a draft distribution (d2t, then the
+    round's extra ids; an extra that is not live has q = 0 wherever it points)."""
+    ids = jnp.broadcast_to(self.d2t, (batch,) + self.d2t.shape)
+    return ids if recent is None else jnp.concatenate([ids, recent.ids.astype(ids.dtype)], 1)
+
+  def with_targets(self, tree, recent: RecentVocab | None = None):
+    """`tree` in draft ids -> the same tree in target ids, its draft rows mapped by `q_ids`."""
+    tree = tree.replace(tokens=self.to_target_ids(tree.tokens, recent))
+    if tree.draft is None:
+      return tree
+    return tree.replace(draft=tree.draft.replace(ids=self.q_ids(tree.batch_size, recent)))
 
   def to_target_ids(self, draft_ids: jax.Array, recent: RecentVocab | None = None) -> jax.Array:
     """int32[B, ...] target ids of draft ids; with `recent`, ids >= Vd are the round's extras."""
@@ -262,6 +280,11 @@ def grown_tree_options(spec: str, family: str, example: str) -> dict[str, int]:
     return dict(zip(("depth", "top_k", "total_tokens"), map(int, parts)))
   raise ValueError(f"tree {spec!r} does not fit {family}: use a chain length or "
                    f"depth x top_k x total_tokens (e.g. {example})")
+
+
+# The children learned drafters pick at temperatures > 0 unless a tree option says otherwise
+# (`specjax.children`).
+DEFAULT_CHILDREN = "top_k"
 
 
 # ------------------------------------------------------------------------------------------------

@@ -89,6 +89,17 @@ class Medusa(StaticTreeDrafter):
     h = heads(state.feature.astype(self.head_dtype))  # [B, K, E]
     recent = self.recent_vocab(target, ctx)
     logits = learned.with_recent(heads.logits(h, self.head), h, recent)
+    if self.children.used(target.sampling) != "top_k":
+      logp = learned.draft_logprobs(logits)  # [B, K, Vd (+ R)]
+
+      def level_logp(d, parents, tokens):  # head d below every depth-(d - 1) parent
+        return jnp.broadcast_to(logp[:, d - 1, None], (logp.shape[0], len(parents),
+                                                       logp.shape[-1]))
+
+      tokens, valid, draft = static_tree.sample_template(
+          self.template, self.children, target.sampling, ctx.rng, level_logp, logp.shape[0])
+      tree = self.template.tree(tokens, valid=valid, draft=draft)
+      return self.with_targets(tree, recent), state, ctx.cache
     k = int(self.template.rank.max()) + 1
     _, ranked = jax.lax.top_k(logits, k)  # [B, K, k] draft ids, best first
     picked = ranked[:, self.template.depth - 1, self.template.rank]  # [B, N]

@@ -11,15 +11,19 @@ output produced `pending`, and fill the template with their heads' ranked candid
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 from specjax import checks, trees
+from specjax.children import Children, pick
 from specjax.config_utils import PosInt, config
 from specjax.drafters import learned
 from specjax.drafters.base import Prefill, RoundResult, TargetFacts, TargetView
+from specjax.sampling import SamplingConfig
 
 # Named trees for 4 heads ("choices"): wide where the heads are sure, deep along rank 0. Which is
 # fastest depends on how much a node costs to verify (experiments/tune_tree.py measures it).
@@ -40,6 +44,53 @@ def check_template(template: trees.TreeTemplate, num_heads: int, vocab: int) -> 
     raise ValueError(f"tree depth {template.max_depth} exceeds the drafter's {num_heads} heads")
   if int(template.rank.max()) >= vocab:
     raise ValueError(f"tree rank {int(template.rank.max())} >= draft vocabulary {vocab}")
+
+
+def template_levels(template: trees.TreeTemplate):
+  """Per depth d: (the depth-d nodes, their static parents (-1 = root), each node's parent
+  slot among those parents)."""
+  levels = []
+  for d in range(1, template.max_depth + 1):
+    nodes = np.nonzero(template.depth == d)[0]
+    parents = sorted(set(int(p) for p in template.parent[nodes]))
+    slot = np.asarray([parents.index(int(p)) for p in template.parent[nodes]], np.int32)
+    levels.append((nodes, np.asarray(parents, np.int32), slot))
+  return levels
+
+
+def sample_template(template: trees.TreeTemplate, children: Children, sampling: SamplingConfig,
+                    key: jax.Array, level_logp: Callable, batch: int
+                    ) -> tuple[jax.Array, jax.Array, trees.DraftDist]:
+  """A template filled with sampled children, level by level (`specjax.children`).
+
+  level_logp(d, parents, tokens) -> float32[B, P, Vq]: the draft log-probabilities below each of
+  the depth-(d - 1) `parents` (static node ids, -1 the root), given the draft ids `tokens`
+  [B, N] drawn so far. A parent's i-th child in template order (`TreeTemplate.sibling`) is its
+  i-th draw; ranks are not read. Returns (draft ids [B, N], valid [B, N]: a node whose draw found
+  q's support exhausted is invalid, and so are its descendants, DraftDist over the draft ids
+  with one row per parent)."""
+  n = template.num_nodes
+  tokens = jnp.zeros((batch, n), jnp.int32)
+  valid = jnp.ones((batch, n), bool)
+  source = np.zeros(n, np.int32)
+  rows = []
+  for d, (nodes, parents, slot) in enumerate(template_levels(template), start=1):
+    k = int(np.bincount(slot).max())
+    picked = pick(children, sampling, jax.random.fold_in(key, d), level_logp(d, parents, tokens),
+                  k)
+    sib = template.sibling[nodes]
+    tokens = tokens.at[:, nodes].set(picked.tokens[:, slot, sib])
+    ok = picked.ok[:, slot, sib]
+    par = template.parent[nodes]
+    if d > 1:
+      ok = ok & valid[:, np.maximum(par, 0)]
+    valid = valid.at[:, nodes].set(ok)
+    source[nodes] = sum(r.shape[1] for r in rows) + slot
+    rows.append(picked.q)
+  draft = trees.DraftDist(probs=jnp.concatenate(rows, axis=1),
+                          source=jnp.broadcast_to(jnp.asarray(source), (batch, n)),
+                          without_replacement=children.mode == "wor")
+  return tokens, valid, draft
 
 
 @struct.dataclass
@@ -130,17 +181,21 @@ class StaticTreeFamily(learned.Family):
                        f"eval_depth must not exceed it, got {deepest}")
 
   def assemble(self, net, params, d2t, target, hidden_layers, *, choices=None,
-               recent_tokens: int = 0):
+               recent_tokens: int = 0, children=learned.DEFAULT_CHILDREN,
+               draft_temperature=None):
     """Tree options: `choices` (a name in TREES, rank paths, or their JSON text; default
-    tree15) and `recent_tokens` (`LearnedDrafter.recent_vocab`). The heads draft through the
-    target's LM head restricted to the draft vocabulary."""
+    tree15), `recent_tokens` (`LearnedDrafter.recent_vocab`), `children` and
+    `draft_temperature` (`specjax.children`: sampled children replace ranks by draws, a
+    parent's i-th child its i-th). The heads draft through the target's LM head restricted to
+    the draft vocabulary."""
     paths = parse_choices(choices)
     template = trees.TreeTemplate.from_paths(DEFAULT_CHOICES if paths is None else paths)
     check_template(template, net.num_heads, d2t.shape[0])
     recent_tokens = learned.check_recent_tokens(recent_tokens, target.config)
     head = self.draft_head(net, target, d2t)
     return self.drafter_cls(params=params, d2t=d2t, head=head, recent_tokens=recent_tokens,
-                            built_for=TargetFacts.of(target.config), net=net,
+                            built_for=TargetFacts.of(target.config),
+                            children=learned.check_children(children, draft_temperature), net=net,
                             template=template, hidden_layers=hidden_layers)
 
   def draft_head(self, net, target, d2t) -> jax.Array | None:

@@ -113,7 +113,7 @@ def test_block_logits_match_the_training_view(target, tree_drafter, rounds):
   np.testing.assert_array_equal(np.asarray(tree.tokens[0]), D2T[np.asarray(want.tokens[0])])
   np.testing.assert_array_equal(np.asarray(tree.parent[0]), np.asarray(want.parent[0]))
   np.testing.assert_array_equal(np.asarray(tree.depth[0]), np.asarray(want.depth[0]))
-  assert tree.q is None  # deterministic children: recursive rejection needs no q
+  assert tree.draft is None  # deterministic children: recursive rejection needs no q
 
 
 def perturbed_drafter(target, net_options: dict, **tree_options):

@@ -304,7 +304,7 @@ def test_token_recycling_draft_fills_template_from_table(target, paths):
       assert tree.tokens[b, i] == tok, (b, path)
   np.testing.assert_array_equal(tree.parent, np.broadcast_to(tpl.parent, tree.parent.shape))
   np.testing.assert_array_equal(tree.depth, np.broadcast_to(tpl.depth, tree.depth.shape))
-  assert np.asarray(tree.valid).all() and tree.q is None
+  assert np.asarray(tree.valid).all() and tree.draft is None
   np.testing.assert_array_equal(state, table)  # drafting does not change the table
 
 
@@ -359,7 +359,7 @@ def test_layer_skip_greedy_draft_and_cache_prefix(target):
   for b, (prompt, x) in enumerate(zip(prompts, pending)):
     expect, _ = _truncated_chain(target, prompt + [x], 4, num_layers=1)
     assert np.asarray(tree.tokens[b]).tolist() == expect
-  assert tree.q is None and np.asarray(tree.valid).all()
+  assert tree.draft is None and np.asarray(tree.valid).all()
   np.testing.assert_array_equal(cache.length, ctx.cache.length)
   old_k, old_v, new_k, new_v = (np.asarray(a) for a in (ctx.cache.k, ctx.cache.v, cache.k,
                                                         cache.v))
@@ -378,7 +378,7 @@ def test_layer_skip_sampled_q_is_the_drafting_distribution(target):
   prompts, pending, ctx = _layer_skip_context(target, rng_seed=3)
   tree, _, _ = jax.jit(drafter.draft)(_view(target, TOP_P), (), ctx)
   trees.validate(tree)
-  q, tokens = np.asarray(tree.q), np.asarray(tree.tokens)
+  q, tokens = np.asarray(tree.node_q(target.config.vocab_size)), np.asarray(tree.tokens)
   for b, (prompt, x) in enumerate(zip(prompts, pending)):
     seq = prompt + [x]
     for i in range(4):
@@ -460,7 +460,7 @@ def test_draft_lm_sampled_q_is_the_drafting_distribution(target):
   ctx = DraftContext(history, lens, jnp.asarray(first, jnp.int32), None, jax.random.key(5))
   tree, _, _ = jax.jit(drafter.draft)(view, state, ctx)
   trees.validate(tree)
-  q, tokens = np.asarray(tree.q), np.asarray(tree.tokens)
+  q, tokens = np.asarray(tree.node_q(target.config.vocab_size)), np.asarray(tree.tokens)
   for b, row in enumerate(rows):
     for i in range(3):
       _, (dist,) = _truncated_chain(small, row + tokens[b, :i].tolist(), 1, 1, TOP_P)
