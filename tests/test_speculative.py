@@ -25,7 +25,6 @@ import re
 
 import numpy as np
 import pytest
-import scipy.stats
 
 import specjax
 from specjax import decoding, drafters
@@ -33,7 +32,11 @@ from specjax.drafters import draft_lm
 from specjax.sampling import SamplingConfig, target_probs
 from specjax.trees import TreeTemplate
 from tests.helpers import tiny_targets as tt
-from tests.helpers.stats import pooled_chi_square
+from tests.helpers.exact_law import (
+    SAMPLING_PROMPT,
+    SAMPLINGS,
+    check_exact_law,
+)
 
 NEW = 128  # greedy tokens per prompt
 PAD = 32  # every greedy prompt is <= 30 tokens: one padding, one program per (drafter, batch)
@@ -331,11 +334,6 @@ def test_chain_rounds_update_the_cache_in_place(monkeypatch, name):
 # ------------------------------------------------------------------------------------------------
 # 2. Sampling: chi-square against the exact law of the first three tokens.
 
-N_ROWS = 24576  # sampled rows per test, in one batched call
-ALPHA = 1e-6  # per test; 33 tests here: family-wise false alarm <= 3.3e-5 (Bonferroni)
-SAMPLING_PROMPT = [3, 1, 4, 1, 5, 1, 4, 2, 6, 5, 3, 1]  # repeats: prompt lookup proposes at once
-SAMPLING_PAD = 16
-SAMPLINGS = {"T1": SamplingConfig(1.0), "T0.7_p0.9": SamplingConfig(0.7, top_p=0.9)}
 
 
 @pytest.fixture(scope="module")
@@ -374,46 +372,17 @@ _SAMPLING_DRAFTERS = {
 # support (top-p).
 _SAMPLING_CASES = [(name, sampling) for name in _SAMPLING_DRAFTERS for sampling in SAMPLINGS
                    if not name.endswith("_recent") or sampling == "T0.7_p0.9"]
+# The learned families' top-k trees run at one sampling each (alternating): their sampled
+# children, which share the tree builders, run at both in tests/test_sampled_children.py.
+_LEARNED = ("medusa", "hydra", "eagle", "eagle3", "dflash_chain", "dflash_tree")
+_SAMPLING_CASES = [(name, sampling) for name, sampling in _SAMPLING_CASES
+                   if name not in _LEARNED
+                   or list(SAMPLINGS).index(sampling) == _LEARNED.index(name) % 2]
 
 
 @pytest.fixture(scope="module")
 def sampling_drafters(sampling_target):
   return {name: build(sampling_target) for name, build in _SAMPLING_DRAFTERS.items()}
-
-
-def _top_p_margin(logits: np.ndarray, cfg: SamplingConfig) -> float:
-  """Distance of the top-p cut from 1 - top_p over all rows, in float64: a small margin means
-  float32 rounding could change the support, and the law would be ill-defined at 1e-6."""
-  if cfg.top_p >= 1.0:
-    return np.inf
-  x = np.sort(np.asarray(logits, np.float64) / cfg.temperature, axis=-1)
-  p = np.exp(x - x[..., -1:])
-  cum = np.cumsum(p / p.sum(-1, keepdims=True), axis=-1)
-  return float(np.min(np.abs(cum - (1.0 - cfg.top_p))))
-
-
-def _exact_law(target, prompt, cfg: SamplingConfig) -> np.ndarray:
-  """float64[V, V, V]: P(x1, x2, x3) = p(x1|prompt) p(x2|prompt,x1) p(x3|prompt,x1,x2), from
-  one cache-free forward over the V^2 sequences prompt + [x1, x2] and `target_probs` (the same
-  temperature / top-p processing the sampler uses; it is checked against transformers' warpers
-  in test_decoding.py)."""
-  v, n = target.config.vocab_size, len(prompt)
-  seqs = [prompt + [a, b] for a in range(v) for b in range(v)]
-  logits = tt.logits_of(target, seqs)  # [V*V, n + 2, V]; row a * V + b
-  margin = _top_p_margin(logits[:, n - 1:], cfg)
-  assert margin > 1e-4, "top-p cut within float rounding of 1 - top_p: choose another prompt"
-  probs = np.asarray(target_probs(logits, cfg), np.float64)
-  probs /= probs.sum(-1, keepdims=True)
-  p1 = probs[0, n - 1]  # [V]
-  p2 = probs[::v, n]  # [V(x1), V]
-  p3 = probs[:, n + 1].reshape(v, v, v)  # [x1, x2, V]
-  return p1[:, None, None] * p2[:, :, None] * p3
-
-
-def _power(dof: int, n: int, divergence: float = 0.01) -> float:
-  """P(reject at ALPHA) when the sampled law is off by D = sum (r - p)^2 / p = `divergence`
-  (noncentral chi-square with lambda = n D)."""
-  return float(scipy.stats.ncx2.sf(scipy.stats.chi2.isf(ALPHA, dof), dof, n * divergence))
 
 
 def test_sampling_target_has_structure(sampling_target):
@@ -440,9 +409,9 @@ def test_sampling_target_has_structure(sampling_target):
 def test_sampling_matches_exact_law(sampling_target, sampling_drafters, name, sampling):
   """24576 copies of one prompt, generated in ONE batched call with 3 new tokens (each row has its
   own rng stream: independent draws): the joint counts of (x1, x2, x3) follow the exact law of
-  the target (`_exact_law`), by a Pearson chi-square test with cells of expected count < 5 pooled,
-  rejected at ALPHA = 1e-6 (Bonferroni: the 33 such tests here have a family-wise false-alarm
-  probability <= 3.3e-5). The test asserts its own power: >= 0.99 against a bias of
+  the target (`exact_law`), by a Pearson chi-square test with cells of expected count < 5 pooled,
+  rejected at ALPHA = 1e-6 (Bonferroni: the 24 such tests here have a family-wise false-alarm
+  probability <= 2.4e-5). The test asserts its own power: >= 0.99 against a bias of
   D = sum (r - p)^2 / p = 0.01 over the pooled cells (N = 24576 gives > 0.9999 here).
 
   x1 comes from the prefill, x2 and x3 from the first round(s): accepted drafts or the bonus
@@ -456,35 +425,7 @@ def test_sampling_matches_exact_law(sampling_target, sampling_drafters, name, sa
   bugs.
   Zero-probability outcomes (outside top-p) must never occur."""
   seed = 100 * list(_SAMPLING_DRAFTERS).index(name) + list(SAMPLINGS).index(sampling)
-  _check_exact_law(sampling_target, sampling_drafters[name], name, SAMPLINGS[sampling], seed)
-
-
-def _check_exact_law(target, drafter, name: str, cfg: SamplingConfig, seed: int) -> None:
-  v = target.config.vocab_size
-  law = _exact_law(target, SAMPLING_PROMPT, cfg)
-  result = specjax.generate(target, [SAMPLING_PROMPT] * N_ROWS, max_new_tokens=3,
-                            drafter=drafter, temperature=cfg.temperature, top_p=cfg.top_p,
-                            seed=seed, pad_to=SAMPLING_PAD)
-  tokens = np.array(result.tokens)
-  assert tokens.shape == (N_ROWS, 3)
-  assert tokens.min() >= 0 and tokens.max() < v
-  counts = np.bincount((tokens[:, 0] * v + tokens[:, 1]) * v + tokens[:, 2], minlength=v ** 3)
-  impossible = counts[law.reshape(-1) == 0].sum()
-  assert impossible == 0, f"{impossible} rows drew a zero-probability outcome"
-  stat, dof, pvalue = pooled_chi_square(counts, law.reshape(-1))
-  print(f"\n[{name}, {cfg}] N={N_ROWS} chi2={stat:.1f} dof={dof} p={pvalue:.3g} "
-        f"power(D=0.01)={_power(dof, N_ROWS):.4f} accepted_by_depth="
-        f"{result.stats.accepted_by_depth}")
-  assert _power(dof, N_ROWS) >= 0.99
-  assert pvalue > ALPHA, f"chi-square p = {pvalue:.2e} (stat {stat:.1f}, {dof} dof)"
-
-  hist = np.asarray(result.stats.accepted_by_depth)
-  if name == "none":
-    assert hist.tolist() == [2 * N_ROWS]
-  elif name == "draft_lm_self":  # q == p: accepted with probability exactly 1, one round
-    assert hist.tolist() == [0, 0, N_ROWS]
-  else:  # premise: both acceptances and rejections were exercised
-    assert hist[0] > 0 and hist[1:].sum() > 0
+  check_exact_law(sampling_target, sampling_drafters[name], name, SAMPLINGS[sampling], seed)
 
 
 # One processing each (compile time): the drafter-less baseline and prompt lookup's tree with
@@ -506,7 +447,7 @@ def test_sampling_matches_exact_law_on_a_mesh(mesh_sampling_target, name, sampli
   sampled speculative decoding keeps exactly the target's law when sharded."""
   drafter = _SAMPLING_DRAFTERS[name](mesh_sampling_target)
   seed = 7000 + [n for n, _ in _MESH_SAMPLING_CASES].index(name)
-  _check_exact_law(mesh_sampling_target, drafter, name, SAMPLINGS[sampling], seed)
+  check_exact_law(mesh_sampling_target, drafter, name, SAMPLINGS[sampling], seed)
 
 
 # ------------------------------------------------------------------------------------------------
