@@ -341,6 +341,12 @@ def sampling_target():
   return tt.sampling_target()
 
 
+def _top_k_drafter(method: str, target, **options):
+  """A learned drafter whose children are its top-k at every temperature (recursive rejection
+  over deterministic children; sampled children: tests/test_sampled_children.py)."""
+  return tt.learned_drafter(method, target, children="top_k", **options)
+
+
 # name -> builder. q-based chains (sampled drafts), deterministic trees, and the baseline.
 _SAMPLING_DRAFTERS = {
     "none": lambda t: None,
@@ -350,18 +356,18 @@ _SAMPLING_DRAFTERS = {
     "token_recycling": lambda t: drafters.build("token_recycling", t),
     "prompt_lookup": lambda t: drafters.build("prompt_lookup", t, num_tokens=3, num_branches=3),
     "ngram": lambda t: drafters.build("ngram", t, num_tokens=3, verify_sizes=(0, 1)),
-    "medusa": lambda t: tt.learned_drafter("medusa", t),
-    "hydra": lambda t: tt.learned_drafter("hydra", t),
-    "hydra_recent": lambda t: tt.learned_drafter("hydra", t, d2t=np.arange(4), recent_tokens=6),
-    "eagle": lambda t: tt.learned_drafter("eagle", t, depth=3, top_k=3, total_tokens=8),
-    "eagle_recent": lambda t: tt.learned_drafter("eagle", t, d2t=np.arange(3), depth=3, top_k=3,
+    "medusa": lambda t: _top_k_drafter("medusa", t),
+    "hydra": lambda t: _top_k_drafter("hydra", t),
+    "hydra_recent": lambda t: _top_k_drafter("hydra", t, d2t=np.arange(4), recent_tokens=6),
+    "eagle": lambda t: _top_k_drafter("eagle", t, depth=3, top_k=3, total_tokens=8),
+    "eagle_recent": lambda t: _top_k_drafter("eagle", t, d2t=np.arange(3), depth=3, top_k=3,
                                                  total_tokens=8, recent_tokens=6),
-    "eagle3": lambda t: tt.learned_drafter("eagle3", t, depth=3, top_k=3, total_tokens=8),
-    "eagle3_recent": lambda t: tt.learned_drafter("eagle3", t, d2t=np.arange(3), depth=3,
+    "eagle3": lambda t: _top_k_drafter("eagle3", t, depth=3, top_k=3, total_tokens=8),
+    "eagle3_recent": lambda t: _top_k_drafter("eagle3", t, d2t=np.arange(3), depth=3,
                                                   top_k=3, total_tokens=8, recent_tokens=6),
-    "dflash_chain": lambda t: tt.learned_drafter("dflash", t, depth=3),
-    "dflash_tree": lambda t: tt.learned_drafter("dflash", t, depth=3, top_k=3, total_tokens=8),
-    "dflash_recent": lambda t: tt.learned_drafter("dflash", t, d2t=np.arange(3), depth=3,
+    "dflash_chain": lambda t: _top_k_drafter("dflash", t, depth=3),
+    "dflash_tree": lambda t: _top_k_drafter("dflash", t, depth=3, top_k=3, total_tokens=8),
+    "dflash_recent": lambda t: _top_k_drafter("dflash", t, d2t=np.arange(3), depth=3,
                                                   top_k=3, total_tokens=8, recent_tokens=6),
 }
 

@@ -16,12 +16,15 @@ Static attributes every drafter defines:
   num_nodes:     N, the fixed tree size;
   hidden_layers: target hidden-state indices the drafter reads in `update` (0 = embeddings,
                  i = output of layer i, L = final normed state).
-Whether node tokens were sampled is said by each tree, not by the drafter: `Tree.q`, the
-distribution they were drawn from (accepted with the q-based rule), or None when the children
-were chosen deterministically (recursive rejection needs only the target's p). Verification
-reads only that, so one drafter may draft either way (greedy or sampled) round by round.
+Whether node tokens were sampled is said by each tree: `Tree.draft`, the distributions they
+were drawn from (one row per expanded parent, `trees.DraftDist`), or None when the children were
+chosen deterministically (recursive rejection needs only the target's p). Verification reads
+only that, so one drafter may draft either way (greedy or sampled) round by round.
 
 Optional (a drafter without them still runs):
+  children:      how it picks children at temperatures > 0 (`specjax.children.Children`;
+                 absent: top-k, deterministic). A rule that needs i.i.d. children (SpecTr's
+                 k-sequential selection) is refused for a drafter whose mode is another.
   built_for:     the `TargetFacts` of the target it was built for; `generate` refuses another
                  target. Every shipped drafter records it at build time: a drafter sized for one
                  target would otherwise run on another and fail deep inside the trace (or not at

@@ -97,7 +97,7 @@ class PromptLookup(Stateless):
     parent, depth = branch_structure(self.num_branches, self.num_tokens)
     b = tokens.shape[0]
     tree = Tree(tokens=tokens, parent=jnp.broadcast_to(parent, (b, self.num_nodes)),
-                depth=jnp.broadcast_to(depth, (b, self.num_nodes)), valid=valid, q=None,
+                depth=jnp.broadcast_to(depth, (b, self.num_nodes)), valid=valid,
                 chain=trees.is_chain(parent))
     return tree, state, ctx.cache
 
