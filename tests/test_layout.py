@@ -36,7 +36,8 @@ LAYERS = (
                         "specjax.interop.tokenizer"]),
     ("meshes", ["specjax.sharding", "specjax.distributed"]),
     ("the model", ["specjax.models.*"]),
-    ("trees, sampling and acceptance", ["specjax.trees", "specjax.sampling", "specjax.verify"]),
+    ("trees, sampling and acceptance",
+     ["specjax.sampling", "specjax.children", "specjax.trees", "specjax.verify"]),
     ("a loaded target and its HF folders", ["specjax.target", "specjax.interop.*"]),
     # What every drafter shares, and the loaders that serve any registered family or layout:
     # none of them imports a family (the families import `io` to register).
