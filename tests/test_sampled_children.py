@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 import specjax
-from specjax import verify
+from specjax import trees, verify
 from tests.helpers import tiny_targets as tt
 from tests.helpers.exact_law import (
     SAMPLING_PAD,
@@ -71,8 +71,13 @@ _SAMPLED_CASES = [
 
 
 def _sampled_drafter(target, family: str, variant: str):
-  children, _ = _SAMPLED_VARIANTS[variant]
-  return tt.learned_drafter(family, target, children=children, **_SAMPLED_FAMILIES[family])
+  children, rule = _SAMPLED_VARIANTS[variant]
+  options = dict(_SAMPLED_FAMILIES[family])
+  if rule == "kseq" and family in ("eagle", "eagle3"):
+    # K-SEQ needs each node's number of children fixed before they are drawn, which EAGLE-2's
+    # pruned tree does not (`trees.grown_counts_fixed`): the tree that keeps every candidate.
+    options.update(top_k=2, total_tokens=trees.grown_tree_capacity(3, 2))
+  return tt.learned_drafter(family, target, children=children, **options)
 
 
 @pytest.mark.slow
