@@ -18,7 +18,7 @@ Layers of evidence, from white-box to black-box:
      is visible. verify.py's decisions are then checked against that reference step by step with
      injected uniforms, for every rule and for trees carrying `DraftDist` rows; `kseq_rho` is
      checked against its definition and its acceptance against one draft's and recursive
-     rejection's;
+     rejection's; K-SEQ on a tree pruned by its own draws is shown lossy and refused;
   4. Monte Carlo of the jitted `accept` with real randomness: Pearson chi-square against the exact
      laws (cells with expected count < 5 pooled), each test at ALPHA = 1e-6; with the 14 such tests
      in this file the family-wise false-alarm probability is <= 1.4e-5 (Bonferroni). With 20000
@@ -31,6 +31,7 @@ from __future__ import annotations
 import collections
 import functools
 import itertools
+from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
@@ -40,6 +41,9 @@ import scipy.optimize
 import scipy.stats
 
 from specjax import trees, verify
+from specjax.children import Children
+from specjax.drafters.dflash import DFlashDrafter
+from specjax.drafters.eagle_common import EagleDrafter
 from specjax.sampling import SamplingConfig, target_probs
 from specjax.trees import Tree, TreeTemplate
 
@@ -981,6 +985,92 @@ def test_kseq_rho_is_spectr_rho_and_accepts_at_least_recursive_rejection():
                        (verify.RECURSIVE, _recursive_iid_acceptance(p64[i], q64[i], kk))):
       law = exact_round_law(drafter, P, 0, 0, rule)
       assert sum(pr for seq, pr in law.items() if len(seq) == 2) == pytest.approx(want, abs=1e-6)
+
+
+# The q of a pruned tree's instance: its root keeps a second child for some first draws only.
+PRUNED_P = np.array([0.003, 0.047, 0.489, 0.461])
+PRUNED_Q = np.array([0.009, 0.458, 0.492, 0.041])
+PRUNED_BELOW = np.array([[0.120, 0.355, 0.048, 0.477], [0.013, 0.013, 0.963, 0.011],
+                         [0.213, 0.056, 0.710, 0.021], [0.219, 0.577, 1e-7, 0.204]])
+
+
+def _pruned_keeps_second(x1):
+  """EAGLE-2's depth-2, top-2, 2-node tree keeps the root's second draw iff its slot's score
+  log q_(2) is at least the first draw's best child's, log q_(1) + log max q(. | x1) (the
+  earlier candidate wins a tie)."""
+  lq = np.log(np.sort(PRUNED_Q)[::-1])
+  return lq[1] >= lq[0] + np.log(PRUNED_BELOW[x1].max())
+
+
+def test_kseq_is_lossy_on_trees_pruned_by_their_draws_and_is_refused_there():
+  """K-SEQ needs each node's number of children k fixed before they are drawn: rho depends on
+  k, so a k that depends on a draft's own token tests that draft against a rho chosen by it.
+  EAGLE-2's pruned tree does that: with depth 2, top_k 2 and 2 nodes, the root keeps its
+  second draw only for some first draws x1 (those whose own q(. | x1) is flat,
+  `_pruned_keeps_second`; checked here against grow_dynamic_tree's shapes over 4000 rows).
+  Exactly (every x1, x2, y1 enumerated, the reference's rules), K-SEQ's law of the first token
+  is at total variation > 0.05 from p, recursive rejection's is p to 1e-9. So such trees carry
+  counts_fixed = False and verify refuses K-SEQ on them (a jitted accept fails to trace), and
+  `check_children` refuses such drafters before compiling (EAGLE's, DFlash's corrected tree);
+  a tree keeping every candidate, one child per node, `tree_from_marginals` (no score reads a
+  token) and static templates keep it."""
+  v = len(PRUNED_P)
+  p_rows = np.full((3, v), 1.0 / v)
+  p_rows[0] = PRUNED_P
+  first = {verify.RECURSIVE: np.zeros(v), verify.Rule("kseq"): np.zeros(v)}
+  for x1 in range(v):
+    second = [(x, PRUNED_Q[x], [-1, -1], [PRUNED_Q, PRUNED_Q]) for x in range(v)]
+    below = [(y, PRUNED_BELOW[x1, y], [-1, 0], [PRUNED_Q, PRUNED_BELOW[x1]]) for y in range(v)]
+    for x, w, parent, q in second if _pruned_keeps_second(x1) else below:
+      for rule, law in first.items():
+        for seq, pr in ref_round_law([x1, x], parent, [True, True], np.asarray(q), p_rows,
+                                     rule).items():
+          law[seq[0]] += PRUNED_Q[x1] * w * pr
+  assert {_pruned_keeps_second(x) for x in range(v)} == {True, False}
+  np.testing.assert_allclose(first[verify.RECURSIVE], PRUNED_P, atol=1e-9)
+  assert 0.5 * np.abs(first[verify.Rule("kseq")] - PRUNED_P).sum() > 0.05
+
+  b, iid, sampling = 4000, Children("iid"), SamplingConfig(1.0)
+  below = jnp.log(jnp.asarray(PRUNED_BELOW, jnp.float32))
+
+  @functools.partial(jax.jit, static_argnums=(0, 1))
+  def grow(num_nodes, top_k=2):
+    root = jnp.broadcast_to(jnp.log(jnp.asarray(PRUNED_Q, jnp.float32)), (b, v))
+    return trees.grow_dynamic_tree(root, lambda carry, tokens, parent, level: (below[tokens],
+                                   carry), (), depth=2, top_k=top_k, num_nodes=num_nodes,
+                                   children=iid, sampling=sampling, key=jax.random.key(3))[0].tree
+
+  pruned = grow(2)
+  keeps = np.asarray(pruned.parent[:, 1]) == -1
+  np.testing.assert_array_equal(keeps, [_pruned_keeps_second(x) for x in
+                                        np.asarray(pruned.tokens[:, 0])])
+  assert 0 < keeps.mean() < 1 and not pruned.draft.counts_fixed
+  logits = jnp.log(jnp.broadcast_to(jnp.asarray(p_rows, jnp.float32), (b, 3, v)))
+  key, kseq = jax.random.key(0), verify.Rule("kseq")
+  traced = functools.partial(jax.eval_shape, verify.accept)  # traces (and checks), no compile
+  with pytest.raises(ValueError, match="fixed before they are drawn"):
+    traced(pruned, logits, sampling, key, kseq)
+  traced(pruned, logits, sampling, key)  # recursive rejection is lossless on it
+  traced(pruned, logits, SamplingConfig(), key, kseq)  # greedy: every rule is argmax matching
+  for tree in (jax.eval_shape(grow, 6), jax.eval_shape(grow, 2, 1)):  # all kept; chains
+    assert tree.draft.counts_fixed
+  marginals = jnp.log(jnp.broadcast_to(jnp.asarray(PRUNED_BELOW[:2], jnp.float32), (b, 2, v)))
+  grown = jax.eval_shape(lambda m: trees.tree_from_marginals(
+      m, num_nodes=2, top_k=2, children=iid, sampling=sampling, key=key), marginals)
+  assert grown.tree.draft.counts_fixed
+  assert (trees.grown_counts_fixed(2, 2, 2), trees.grown_counts_fixed(2, 2, 6),
+          trees.grown_counts_fixed(3, 1, 3)) == (False, True, True)
+  with pytest.raises(ValueError, match="fixed before they are drawn"):
+    verify.check_children(kseq, "iid", counts_fixed=False)
+  verify.check_children(kseq, "iid")
+  verify.check_children(verify.RECURSIVE, "iid", counts_fixed=False)
+  eagle = functools.partial(EagleDrafter, params=None, d2t=None, head=None, module=object,
+                            net=None, depth=2, top_k=2)
+  assert not eagle(total_tokens=2).counts_fixed and eagle(total_tokens=6).counts_fixed
+  dflash = functools.partial(DFlashDrafter, params=None, d2t=None, head=None, depth=2, top_k=2,
+                             total_tokens=2)
+  assert not dflash(net=SimpleNamespace(correction_rank=1)).counts_fixed
+  assert dflash(net=SimpleNamespace(correction_rank=0)).counts_fixed
 
 
 STEP_BY_STEP = SAMPLED + DETERMINISTIC + ROWS[:2] + KSEQ[:2] + ["typical_peaked_q"]
