@@ -288,7 +288,8 @@ def prepare(target: Target, prompts, max_new_tokens: int, drafter: Drafter,
     raise ValueError(f"seed must be an int in [0, 2**32), got {seed}")
   check_drafter(drafter, cfg)
   if drafter.num_nodes and not sampling.greedy:
-    verify.check_children(rule, children_used(drafter, sampling))
+    verify.check_children(rule, children_used(drafter, sampling),
+                          getattr(drafter, "counts_fixed", True))
   ids = _prepare_prompts(target, prompts)
   longest = max(len(r) for r in ids)
   cfg.check_window(longest + max_new_tokens,
@@ -374,8 +375,9 @@ def generate(target: Target, prompts: Sequence[str | Sequence[int]], *, max_new_
   mesh: run on this device mesh (a Mesh or a spec such as 'dp=2,tp=4'; default: the target's
   own, `Target.on_mesh`); the output is the same on every mesh.
   rule: how drafts are accepted at temperatures > 0 (`specjax.verify.Rule` or its name:
-  "recursive", the default; "kseq", SpecTr's selection, for drafters with children='iid';
-  "typical", Medusa's typical acceptance, which is LOSSY and warns).
+  "recursive", the default; "kseq", SpecTr's selection, for drafters with children='iid'
+  whose trees are not pruned by their draws (`verify.check_children`); "typical", Medusa's
+  typical acceptance, which is LOSSY and warns).
   Raises ValueError for a bad argument (before compiling), for a drafter built for another
   target, and after the run when the target's logits are not finite.
   """

@@ -48,6 +48,11 @@ class DraftDist:
   # Static: sibling i was drawn from its row with the tokens of its earlier siblings removed and
   # renormalised (sampling without replacement); False: every sibling from the row itself.
   without_replacement: bool = struct.field(pytree_node=False, default=False)
+  # Static: how many children each node has depends on nothing drawn at or below those children
+  # (a template's shape, a chain, a tree grown from token-free marginals); False where a node
+  # keeps a child or not by what its earlier children drew below them (EAGLE-2's pruned tree,
+  # `grow_dynamic_tree`). K-SEQ (`specjax.verify.Rule`) needs it; recursive rejection does not.
+  counts_fixed: bool = struct.field(pytree_node=False, default=True)
 
   @property
   def num_rows(self) -> int:
@@ -416,6 +421,16 @@ def grown_tree_capacity(depth: int, top_k: int) -> int:
   return top_k + (depth - 1) * top_k * top_k
 
 
+def grown_counts_fixed(depth: int, top_k: int, num_nodes: int) -> bool:
+  """Whether a tree grown with these options (`grow_dynamic_tree`) fixes each node's number of
+  children before they are drawn, whatever the drafter reads (`DraftDist.counts_fixed`): with
+  one child per node (a chain), or when every candidate is kept (a node then has top_k children
+  if its slot made its level's frontier, none otherwise, decided by the scores above it). A
+  pruned tree does not: a parent's later slot is kept only if fewer candidates beat it, and the
+  descendants of its earlier children, scored by the q their own tokens gave, are among them."""
+  return top_k == 1 or num_nodes == grown_tree_capacity(depth, top_k)
+
+
 def grow_dynamic_tree(root_logp: jax.Array, expand, carry, *, depth: int, top_k: int,
                       num_nodes: int, children: Children = TOP_K,
                       sampling: SamplingConfig = GREEDY, key: jax.Array | None = None
@@ -443,7 +458,9 @@ def grow_dynamic_tree(root_logp: jax.Array, expand, carry, *, depth: int, top_k:
   A child's score is its log-probability for top-k children, its slot's (the i-th largest log q
   for a parent's i-th draw, never its own token's: `specjax.children`) for sampled ones; those
   whose slot holds no token (q's support exhausted without replacement) are invalid, as are
-  their descendants (they score -inf).
+  their descendants (they score -inf). The draft rows record whether the tree fixed each node's
+  number of children before drawing them (`grown_counts_fixed`; `tree_from_marginals`, whose
+  drafter reads no tokens, always does).
 
   Shapes are static: a Python loop over `depth` levels with fixed k.
   """
@@ -495,7 +512,8 @@ def grow_dynamic_tree(root_logp: jax.Array, expand, carry, *, depth: int, top_k:
     probs = jnp.concatenate(rows, axis=1)  # [B, 1 + (depth - 1) k, V]
     source = jnp.asarray(np.concatenate(cand_rows))[keep]
     draft = DraftDist(probs=probs, source=source.astype(jnp.int32),
-                      without_replacement=children.mode == "wor")
+                      without_replacement=children.mode == "wor",
+                      counts_fixed=grown_counts_fixed(depth, k, num_nodes))
     valid = kept_scores > -jnp.inf
   # With one child per node the kept nodes are a prefix of the one path grown (scores only fall).
   tree = _make(jnp.take_along_axis(tokens, keep, axis=1), parent, depth_all[keep], None, valid,
@@ -547,4 +565,7 @@ def tree_from_marginals(logp: jax.Array, *, num_nodes: int, top_k: int | None = 
 
   grown, _ = grow_dynamic_tree(logp[:, 0], expand, (), depth=d, top_k=k, num_nodes=num_nodes,
                                children=children, sampling=sampling, key=key)
-  return grown
+  if grown.tree.draft is None:
+    return grown
+  # Every score is a slot's of a q that reads no token: the whole shape is fixed before any draw.
+  return grown.replace(tree=grown.tree.replace(draft=grown.tree.draft.replace(counts_fixed=True)))

@@ -76,7 +76,9 @@ class Rule:
     1 does for k = 1 (the single-draft rule); the smallest such rho (`kseq_rho`) accepts most,
     since 1 - (1 - beta)^k falls with rho. Below an accepted child the induction repeats on its
     own children. Needs i.i.d. sampled children (the same q for every sibling, drawn
-    independently): the number of children of a node must not depend on their tokens.
+    independently) whose number does not depend on their tokens nor on anything drawn below
+    them (`trees.DraftDist.counts_fixed`): otherwise rho, which depends on k, would depend on
+    the very draft it tests. EAGLE-2's pruned tree violates that and is refused.
   * "typical": Medusa-2's typical acceptance (Cai et al. 2024): the first child x with p(x) >
     min(epsilon, alpha exp(-H(p))) is accepted, the bonus drawn from p where the walk stops.
     **Lossy**: a likely-enough draft is kept whatever the target's law, which over-represents
@@ -129,19 +131,28 @@ class LossyRuleWarning(UserWarning):
   """A lossy acceptance rule (typical acceptance) was chosen."""
 
 
-def check_children(rule: Rule, children_mode: str) -> None:
+def check_children(rule: Rule, children_mode: str, counts_fixed: bool = True) -> None:
   """ValueError when `rule` cannot verify children drafted as `children_mode` ("top_k", "iid",
-  "wor"; the mode a drafter uses at a temperature > 0)."""
+  "wor"; the mode a drafter uses at a temperature > 0) in a tree that fixes each node's number
+  of children before drawing them or not (`counts_fixed`, `trees.DraftDist.counts_fixed`)."""
   if rule.needs_iid and children_mode != "iid":
     raise ValueError(f"rule {rule.name!r} needs i.i.d. sampled children (children='iid'); this "
                      f"drafter's children are {children_mode!r}: use rule='recursive', or "
                      "build the drafter with children='iid'")
+  if rule.needs_iid and not counts_fixed:
+    raise ValueError(f"rule {rule.name!r} needs each node's number of children fixed before "
+                     "they are drawn; this drafter prunes a grown tree (EAGLE-2's, or a "
+                     "corrected DFlash block's, with top_k > 1 and total_tokens below the "
+                     "tree's capacity), keeping a child or not by what its earlier siblings drew "
+                     "below them, which makes k-sequential selection lossy: use "
+                     "rule='recursive', or a tree that keeps every candidate")
 
 
 def _check_rule(rule: Rule, tree: Tree) -> None:
-  if rule.needs_iid and (tree.draft is None or tree.draft.without_replacement):
-    mode = "top_k" if tree.draft is None else "wor"
-    check_children(rule, mode)
+  if rule.needs_iid:
+    if tree.draft is None or tree.draft.without_replacement:
+      check_children(rule, "top_k" if tree.draft is None else "wor")
+    check_children(rule, "iid", tree.draft.counts_fixed)
 
 
 @struct.dataclass

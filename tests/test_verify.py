@@ -1,20 +1,28 @@
-"""`specjax.verify`: the lossless acceptance rule, tested white-box and by its exact law.
+"""`specjax.verify`: the lossless acceptance rules, tested white-box and by their exact laws.
 
 Layers of evidence, from white-box to black-box:
   1. the one-node step with injected uniforms (accept iff u q(x) < p(x), residual max(p - q, 0))
      and its edge cases (p = q, p(x) = 0, q(x) = 0, one-hot q, a numerically empty residual);
-  2. greedy == a brute-force walk taking the child equal to the target argmax;
-  3. EXACT ENUMERATION: an independent float64 numpy re-derivation of the published rule
-     (Leviathan/Chen; SpecInfer's recursive rejection), written as a structural tree walk, gives
-     the exact law of the first 2 and 3 emitted tokens (bonus included, over as many rounds as it
-     takes) for sampled chains, sampled trees and deterministic trees; it must equal the target's
-     own autoregressive law p(x1) p(x2|x1) p(x3|x1,x2) to 1e-6. The target depends on position and
-     on the previous token, so a node reading the wrong row of p is visible. verify.py's decisions
-     are then checked against that reference step by step with injected uniforms;
+  2. greedy == a brute-force walk taking the child equal to the target argmax, for every rule;
+  3. EXACT ENUMERATION: an independent float64 numpy re-derivation of the published rules,
+     written as a structural tree walk (`ref_trials`): recursive rejection (Leviathan/Chen;
+     SpecInfer), with siblings drawn without replacement from a shared row (Jeon et al.: the
+     reference removes the earlier siblings' tokens and renormalises), over a reduced draft
+     vocabulary; SpecTr's K-SEQ at every node of i.i.d. children (rho by float64 root finding);
+     Medusa's typical acceptance. It gives the exact law of the first 2 and 3 emitted tokens
+     (bonus included, over as many rounds as it takes, every ordered draw of the siblings
+     enumerated with its probability) for sampled chains, sampled trees and deterministic trees;
+     for the lossless rules it must equal the target's own autoregressive law p(x1) p(x2|x1)
+     p(x3|x1,x2) to 1e-6, and typical acceptance must miss it (its `lossy` flag is honest). The
+     target depends on position and on the previous token, so a node reading the wrong row of p
+     is visible. verify.py's decisions are then checked against that reference step by step with
+     injected uniforms, for every rule and for trees carrying `DraftDist` rows; `kseq_rho` is
+     checked against its definition and its acceptance against one draft's and recursive
+     rejection's; K-SEQ on a tree pruned by its own draws is shown lossy and refused;
   4. Monte Carlo of the jitted `accept` with real randomness: Pearson chi-square against the exact
-     laws (cells with expected count < 5 pooled), each test at ALPHA = 1e-6; with the 10 such tests
-     in this file the family-wise false-alarm probability is <= 1e-5 (Bonferroni). With 20000 rows
-     and <= 30 cells a bias of D = sum (r - p)^2 / p = 0.01 is detected with power > 0.9999;
+     laws (cells with expected count < 5 pooled), each test at ALPHA = 1e-6; with the 14 such tests
+     in this file the family-wise false-alarm probability is <= 1.4e-5 (Bonferroni). With 20000
+     rows and <= 30 cells a bias of D = sum (r - p)^2 / p = 0.01 is detected with power > 0.9999;
   5. the `Acceptance` fields agree with each other; the empty tree samples from p[0].
 """
 
@@ -23,14 +31,19 @@ from __future__ import annotations
 import collections
 import functools
 import itertools
+from types import SimpleNamespace
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import scipy.optimize
 import scipy.stats
 
 from specjax import trees, verify
+from specjax.children import Children
+from specjax.drafters.dflash import DFlashDrafter
+from specjax.drafters.eagle_common import EagleDrafter
 from specjax.sampling import SamplingConfig, target_probs
 from specjax.trees import Tree, TreeTemplate
 
@@ -40,8 +53,8 @@ MC_ROWS = 20000
 TOP2_CHAINS = [(0,), (1,), (0, 0), (1, 0), (0, 0, 0), (1, 0, 0)]  # top-2 at depth 1, chains below
 TOP2 = [(0,), (1,), (0, 0), (1, 0)]
 
-accept_u = jax.jit(verify.accept_with_uniforms, static_argnames="greedy")
-walk = jax.jit(verify.walk)
+accept_u = jax.jit(verify.accept_with_uniforms, static_argnames=("greedy", "rule"))
+walk = jax.jit(verify.walk, static_argnames="rule")
 
 
 def _softmax(x):
@@ -79,55 +92,135 @@ def ref_children(parent, valid, node):
   return [c for c in range(len(parent)) if valid[c] and parent[c] == node]
 
 
-def _q_of(tokens, q, c):
-  """The distribution node c was drawn from; one-hot at its token for a deterministic child."""
-  return _one_hot(tokens[c]) if q is None else q[c]
+def _sibling_q(tokens, q, kids, j, wor=False):
+  """The distribution child kids[j] was drawn from: one-hot at its token for a deterministic
+  child (q None), else its row q[c]; drawn without replacement (`wor`), that row with the tokens
+  of its earlier siblings kids[:j] removed and renormalised (Jeon et al. 2024)."""
+  c = kids[j]
+  if q is None:
+    return _one_hot(tokens[c])
+  qc = np.array(q[c], np.float64)
+  if wor:
+    qc[[int(tokens[s]) for s in kids[:j]]] = 0.0
+    qc = qc / qc.sum()
+  return qc
 
 
-def ref_round_law(tokens, parent, valid, q, p):
+@functools.cache
+def _kseq_rho_cached(p: bytes, q: bytes, k: int) -> float:
+  return _ref_kseq_rho(np.frombuffer(p), np.frombuffer(q), k)
+
+
+def ref_kseq_rho(p, q, k):
+  """`_ref_kseq_rho`, cached: the enumerations meet the same few (p, q, k) many times."""
+  return _kseq_rho_cached(np.asarray(p, np.float64).tobytes(), np.asarray(q, np.float64).tobytes(),
+                          int(k))
+
+
+def _ref_kseq_rho(p, q, k):
+  """SpecTr's rho for k i.i.d. drafts (Sun et al. 2023): 1 when 1 - (1 - beta)^k <= beta at rho
+  = 1 (k = 1 always), else the root in (1, k] of rho beta(rho) = 1 - (1 - beta(rho))^k, beta(rho)
+  = sum min(q, p / rho) (float64 Brent; rho beta rises and 1 - (1 - beta)^k falls with rho)."""
+
+  def gap(rho):
+    beta = np.minimum(q, p / rho).sum()
+    return rho * beta - (1.0 - (1.0 - beta) ** k)
+
+  if gap(1.0) >= 0:
+    return 1.0
+  if gap(float(k)) <= 0:  # only by rounding: k satisfies the bound (Bernoulli's inequality)
+    return float(k)
+  return scipy.optimize.brentq(gap, 1.0, float(k), xtol=1e-15, rtol=4 * np.finfo(float).eps)
+
+
+def ref_typical_threshold(p, rule):
+  """Medusa's typical-acceptance threshold min(epsilon, alpha exp(-H(p))) (Cai et al. 2024)."""
+  nz = p[p > 0]
+  return min(rule.epsilon, rule.alpha * np.exp(np.sum(nz * np.log(nz))))
+
+
+def ref_trials(rule, tokens, kids, q, pn, wor=False):
+  """The trials at a node whose target is pn (normalised) and whose valid children are `kids`:
+  ([the probability child kids[j] is accepted once kids[:j] were rejected], the bonus
+  distribution when all are rejected), by `rule` (a `verify.Rule`, read for its name and
+  thresholds only):
+
+  recursive: min(1, r(x) / q_j(x)) against the residual r, r <- normalize(max(r - q_j, 0)) after
+    each rejection (SpecInfer; q_j one-hot for a deterministic child; without replacement the
+    row without the earlier siblings' tokens, renormalised);
+  kseq: min(1, pn(x) / (rho q(x))) against pn itself for k i.i.d. children of one shared row q,
+    the bonus normalize(pn - min(q, pn / rho) (1 - (1 - beta)^k) / beta) (SpecTr's K-SEQ);
+  typical: 1 if pn(x) > the threshold else 0, the bonus pn (Medusa's typical acceptance)."""
+  if rule.name == "typical":
+    t = ref_typical_threshold(pn, rule)
+    return [1.0 if pn[tokens[c]] > t else 0.0 for c in kids], pn
+  if rule.name == "kseq":
+    if not kids:
+      return [], pn
+    qn = np.asarray(q[kids[0]], np.float64)
+    assert all(np.array_equal(q[c], q[kids[0]]) for c in kids), "K-SEQ needs one shared row"
+    k = len(kids)
+    rho = ref_kseq_rho(pn, qn, k)
+    acc = [(1.0 if pn[tokens[c]] > 0 else 0.0) if qn[tokens[c]] == 0 else
+           min(1.0, pn[tokens[c]] / (rho * qn[tokens[c]])) for c in kids]
+    m = np.minimum(qn, pn / rho)
+    beta = m.sum()
+    res = pn - m * (1.0 - (1.0 - beta) ** k) / beta if beta > 0 else pn
+    assert res.min() > -1e-12, res  # rho's bound keeps the bonus law a distribution
+    res = np.maximum(res, 0.0)
+    return acc, res / res.sum() if res.sum() > verify.EMPTY_MASS else pn
+  r, acc = pn, []
+  for j, c in enumerate(kids):
+    qc = _sibling_q(tokens, q, kids, j, wor)
+    acc.append(ref_accept_prob(r, qc, tokens[c]))
+    r = ref_residual(r, qc, pn)
+  return acc, r
+
+
+def ref_round_law(tokens, parent, valid, q, p, rule=verify.RECURSIVE, wor=False):
   """Exact law of one round's emitted tokens (accepted drafts + bonus), as {tuple: prob}.
 
-  p[0] is the target at the root, p[c + 1] at node c. Each tried child is accepted with its
-  explicit probability, so the law is a finite sum over the branches of the decision tree.
+  p[0] is the target at the root, p[c + 1] at node c; q[c] the distribution node c was drawn
+  from (None: deterministic children), or its parent's row when the siblings were drawn without
+  replacement (`wor`: the reference removes the earlier siblings' tokens itself). Each tried
+  child is accepted with its explicit probability (`ref_trials`, by `rule`), so the law is a
+  finite sum over the branches of the decision tree.
   """
   law = collections.defaultdict(float)
 
   def visit(node, emitted, prob):
-    r = p[node + 1] / p[node + 1].sum()
-    for c in ref_children(parent, valid, node):
-      qc = _q_of(tokens, q, c)
-      a = ref_accept_prob(r, qc, tokens[c])
+    pn = p[node + 1] / p[node + 1].sum()
+    kids = ref_children(parent, valid, node)
+    acc, res = ref_trials(rule, tokens, kids, q, pn, wor)
+    for c, a in zip(kids, acc):
       if a > 0:
         visit(c, emitted + (int(tokens[c]),), prob * a)
       prob *= 1.0 - a
       if prob <= 0:
         return
-      r = ref_residual(r, qc, p[node + 1])
-    for y in np.nonzero(r)[0]:
-      law[emitted + (int(y),)] += prob * r[y]
+    for y in np.nonzero(res)[0]:
+      law[emitted + (int(y),)] += prob * res[y]
 
   visit(-1, (), 1.0)
   return law
 
 
-def ref_walk(tokens, parent, valid, q, p, u):
+def ref_walk(tokens, parent, valid, q, p, u, rule=verify.RECURSIVE, wor=False):
   """The same rule with given uniforms: accept iff u < accept probability. Returns (accepted
   nodes in order, the bonus distribution, the smallest |u - accept probability| seen)."""
   node, accepted, margin = -1, [], np.inf
-  r = p[0] / p[0].sum()
   while True:
-    for c in ref_children(parent, valid, node):
-      qc = _q_of(tokens, q, c)
-      a = ref_accept_prob(r, qc, tokens[c])
+    pn = p[node + 1] / p[node + 1].sum()
+    kids = ref_children(parent, valid, node)
+    acc, res = ref_trials(rule, tokens, kids, q, pn, wor)
+    for c, a in zip(kids, acc):
       margin = min(margin, abs(u[c] - a))
       if u[c] < a:
         node = c
         accepted.append(c)
-        r = p[c + 1] / p[c + 1].sum()
         break
-      r = ref_residual(r, qc, p[node + 1])
     else:
-      return accepted, r, margin
+      return accepted, res, margin
 
 
 # ------------------------------------------------------------------------------------------------
@@ -224,22 +317,101 @@ class TableDrafter:
     return [(1.0, self.tokens[c, last], None, self.valid[c, last])]
 
 
-def exact_round_law(drafter, P, c, last):
+class RowDrafter:
+  """Sampled children as `trees.DraftDist` carries them: the children of a node share one row,
+  the children of the node with token t at depth d (the root: t = last, d = 0) drawn from
+  Q[c + d, t], i.i.d. or without replacement (`without_replacement`: each sibling from the row
+  without its earlier siblings' tokens, renormalised). Q's rows are over a draft vocabulary
+  `ids` (target ids; default all V), so the other target ids have q = 0."""
+
+  def __init__(self, tpl: TreeTemplate, Q, without_replacement=False, ids=None):
+    self.tpl, self.Q, self.without_replacement = tpl, np.asarray(Q), without_replacement
+    self.ids = None if ids is None else np.asarray(ids)
+    self.parents = [-1] + sorted({int(x) for x in tpl.parent if x >= 0})  # one row each
+    self.source = np.array([self.parents.index(int(x)) for x in tpl.parent], np.int32)
+
+  def _rows(self, c, last, tokens):
+    """float64 rows [..., P, Vq] below each parent, for contexts c, last and tokens [..., N]."""
+    rows = []
+    for par in self.parents:
+      d = 0 if par < 0 else self.tpl.depth[par]
+      rows.append(self.Q[c + d, last if par < 0 else tokens[..., par]])
+    return np.stack(rows, -2).astype(np.float64)
+
+  def full(self, rows):
+    """Rows over the draft ids [..., Vq] -> over the target's vocabulary [..., V]."""
+    if self.ids is None:
+      return rows
+    out = np.zeros(rows.shape[:-1] + (V,))
+    out[..., self.ids] = rows
+    return out
+
+  def node_rows(self, draft: trees.DraftDist):
+    """float64[B, N, V]: the row each node was drawn from, over target ids (the reference's q)."""
+    rows = self.full(np.asarray(draft.probs, np.float64))
+    return rows[:, self.source]
+
+  def enumerate(self, c, last):
+    """[(weight, tokens, rows [N, V], valid)]: every draw with its probability (zeros pruned)."""
+    n, tpl, out = self.tpl.num_nodes, self.tpl, []
+
+    def walk(tokens, w):
+      toks = np.array(tokens + [0] * (n - len(tokens)))
+      rows = self.full(self._rows(c, last, toks))  # final for every parent drawn so far
+      i = len(tokens)
+      if i == n:
+        out.append((w, toks, rows[self.source], np.ones(n, bool)))
+        return
+      q = rows[self.source[i]].copy()
+      if self.without_replacement:
+        q[[tokens[s] for s in range(i) if tpl.parent[s] == tpl.parent[i]]] = 0.0
+        q = q / q.sum()
+      for x in np.nonzero(q)[0]:
+        walk(tokens + [int(x)], w * q[x])
+
+    walk([], 1.0)
+    return out
+
+  def sample(self, rng, c, last):
+    """Vectorised draws at contexts c[B], last[B]: (tokens[B, N], DraftDist, valid[B, N])."""
+    b, n = len(c), self.tpl.num_nodes
+    tokens, idx = np.zeros((b, n), np.int64), np.zeros((b, n), np.int64)  # target, draft ids
+    ids = np.arange(self.Q.shape[-1]) if self.ids is None else self.ids
+    for i in range(n):
+      rows = self._rows(c, last, tokens).astype(np.float32)  # final for every parent drawn
+      q = rows[:, self.source[i]].astype(np.float64)
+      if self.without_replacement:
+        for s in range(i):
+          if self.tpl.parent[s] == self.tpl.parent[i]:
+            q[np.arange(b), idx[:, s]] = 0.0
+      cdf = np.cumsum(q, -1)
+      idx[:, i] = np.argmax(rng.random((b, 1)) * cdf[:, -1:] < cdf, axis=-1)
+      tokens[:, i] = ids[idx[:, i]]
+    rows = self._rows(c, last, tokens).astype(np.float32)
+    draft = trees.DraftDist(
+        probs=jnp.asarray(rows), source=jnp.broadcast_to(jnp.asarray(self.source), (b, n)),
+        ids=None if self.ids is None else jnp.broadcast_to(jnp.asarray(ids, jnp.int32),
+                                                            (b, len(ids))),
+        without_replacement=self.without_replacement)
+    return tokens, draft, np.ones((b, n), bool)
+
+
+def exact_round_law(drafter, P, c, last, rule=verify.RECURSIVE):
   """Exact one-round law at context (c, last): the reference law averaged over draft outcomes."""
   law = collections.defaultdict(float)
-  tpl = drafter.tpl
+  tpl, wor = drafter.tpl, getattr(drafter, "without_replacement", False)
   for w, tokens, q, valid in drafter.enumerate(c, last):
     p = _target_rows(P, c, tpl.depth, tokens, last)
-    for seq, pr in ref_round_law(tokens, tpl.parent, valid, q, p).items():
+    for seq, pr in ref_round_law(tokens, tpl.parent, valid, q, p, rule, wor).items():
       law[seq] += w * pr
   return law
 
 
-def exact_first_k_law(drafter, P, k, last0):
+def exact_first_k_law(drafter, P, k, last0, rule=verify.RECURSIVE):
   """Exact law of the first k emitted tokens of speculative decoding from context (0, last0),
   chaining rounds until k tokens exist."""
   law = collections.defaultdict(float)
-  round_law = functools.cache(lambda c, last: exact_round_law(drafter, P, c, last))
+  round_law = functools.cache(lambda c, last: exact_round_law(drafter, P, c, last, rule))
 
   def go(prefix, prob):
     for seq, pr in round_law(len(prefix), prefix[-1] if prefix else last0).items():
@@ -341,12 +513,38 @@ def make_problem(name, seed=0):
     return dense, _random_table_drafter(rng, 7, with_duplicates=True)
   if name == "random_template":
     return sparse, _random_table_drafter(rng, 8)
+  two_levels, three = TreeTemplate.from_paths(TWO_LEVELS), TreeTemplate.from_paths(THREE_SIBLINGS)
+  if name == "rows_wor_two_levels":  # siblings without replacement at both depths
+    return dense, RowDrafter(two_levels, _softmax(noise), without_replacement=True)
+  if name == "rows_wor_draft_ids":  # 2 of the 3 draft ids drawn at each parent
+    return sparse, RowDrafter(two_levels, _softmax(noise[..., :3]), True, DRAFT_IDS)
+  if name == "rows_iid_draft_ids":
+    return dense, RowDrafter(two_levels, _softmax(noise[..., :3]), False, DRAFT_IDS)
+  if name == "kseq_two_levels":
+    return dense, RowDrafter(two_levels, _softmax(noise))
+  if name == "kseq_three_siblings_draft_ids":
+    return sparse, RowDrafter(three, _softmax(2 * noise[..., :3]), False, DRAFT_IDS)
+  if name == "kseq_q_equals_p":
+    return sparse, RowDrafter(two_levels, sparse)
+  if name == "kseq_adversarial_q":  # q's mass sits mostly where p = 0: beta is small
+    return sparse, RowDrafter(two_levels, _softmax(np.where(sparse == 0, 3.0, -1.0) + noise))
+  if name == "kseq_chain3":  # one child per node: k = 1, rho = 1, the single-draft rule
+    return dense, SampledDrafter(chain3, _softmax(rng.normal(size=(POS, V, V))))
+  if name == "typical_peaked_q":
+    return dense, RowDrafter(two_levels, _softmax(3 * noise))
   raise KeyError(name)
 
 
+TWO_LEVELS = [(0,), (1,), (0, 0), (0, 1)]  # two siblings at depth 1 and below the first
+THREE_SIBLINGS = [(0,), (1,), (2,), (0, 0)]
+DRAFT_IDS = [3, 0, 4]  # a reduced draft vocabulary: target ids 1 and 2 have q = 0
 SAMPLED = ["chain3_random_q", "chain2_q_close_to_p", "chain3_q_equals_p", "chain2_one_hot_q",
            "chain2_adversarial_q", "tree_iid_siblings", "tree_without_replacement"]
 DETERMINISTIC = ["top2_then_chains", "top3_sparse_target", "duplicate_siblings", "random_template"]
+ROWS = ["rows_wor_two_levels", "rows_wor_draft_ids", "rows_iid_draft_ids"]  # DraftDist rows
+KSEQ = ["kseq_two_levels", "kseq_three_siblings_draft_ids", "kseq_q_equals_p",
+        "kseq_adversarial_q", "kseq_chain3"]
+RULE_OF = dict.fromkeys(KSEQ, verify.Rule("kseq")) | {"typical_peaked_q": verify.Rule("typical")}
 
 
 # ================================================================================================
@@ -606,18 +804,21 @@ def _random_paths(rng, n, max_depth=4):
 # 3. Exact enumeration: the rule's law equals the target's law
 
 
-@pytest.mark.parametrize("name", SAMPLED + DETERMINISTIC)
+@pytest.mark.parametrize("name", SAMPLED + DETERMINISTIC + ROWS + KSEQ)
 def test_exact_law_equals_target_law(name):
   """The exact law of the first 3 emitted tokens (and, marginalised, the first 2), computed by the
   independent reference over every draft outcome (weighted by its q-probability) and every accept
   decision, equals p(x1) p(x2|x1) p(x3|x1,x2) to 1e-6. This is the losslessness theorem checked
-  on position- and prefix-dependent targets, for sampled and deterministic drafts."""
+  on position- and prefix-dependent targets, for sampled and deterministic drafts; for siblings
+  sharing a row drawn without replacement (every ordered draw enumerated, the reference
+  removing the earlier siblings' tokens itself), over a reduced draft vocabulary; and for
+  SpecTr's K-SEQ at every node of i.i.d. children (rho by float64 root finding)."""
   P, drafter = make_problem(name)
-  last0 = 2
-  law3 = _law_array(exact_first_k_law(drafter, P, 3, last0), 3)
+  rule, last0 = RULE_OF.get(name, verify.RECURSIVE), 2
+  law3 = _law_array(exact_first_k_law(drafter, P, 3, last0, rule), 3)
   want3 = target_law(P, 3, last0)
   np.testing.assert_allclose(law3, want3, atol=1e-6, rtol=0)
-  law2 = _law_array(exact_first_k_law(drafter, P, 2, last0), 2)
+  law2 = _law_array(exact_first_k_law(drafter, P, 2, last0, rule), 2)
   np.testing.assert_allclose(law2, want3.sum(-1), atol=1e-6, rtol=0)
   np.testing.assert_allclose(law3.sum(-1), law2, atol=1e-6, rtol=0)
 
@@ -641,35 +842,274 @@ def test_reference_detects_a_lossy_rule(monkeypatch):
   assert np.abs(law - target_law(P, 2, 2)).max() > 1e-2
 
 
-@pytest.mark.parametrize("name", SAMPLED + DETERMINISTIC)
+def _tree_and_q(drafter, tokens, q, valid):
+  """The library's tree for a drafter's draws, and the reference's q for it (per-node rows over
+  target ids, or None for deterministic children)."""
+  if isinstance(q, trees.DraftDist):
+    return drafter.tpl.tree(tokens, valid=valid, draft=q), drafter.node_rows(q)
+  return drafter.tpl.tree(tokens, q=q, valid=valid), None if q is None else q.astype(np.float64)
+
+
+def test_reference_detects_dropped_removal_and_kseq_residual(monkeypatch):
+  """The harness has teeth for the new rules too: trying siblings drawn without replacement as if
+  they were i.i.d. (each against its parent's row, the earlier siblings' tokens not removed), or
+  drawing K-SEQ's bonus from p instead of its residual, gives a law of the first two tokens far
+  from the target's."""
+  P, drafter = make_problem("rows_wor_two_levels")
+  ok = _law_array(exact_first_k_law(drafter, P, 2, 2), 2)
+  want = target_law(P, 2, 2)
+  np.testing.assert_allclose(ok, want, atol=1e-6, rtol=0)
+  sibling_q = _sibling_q
+  with monkeypatch.context() as m:
+    m.setitem(globals(), "_sibling_q", lambda tokens, q, kids, j, wor=False:
+              sibling_q(tokens, q, kids, j, False))
+    assert np.abs(_law_array(exact_first_k_law(drafter, P, 2, 2), 2) - want).max() > 1e-2
+  P, drafter = make_problem("kseq_two_levels")
+  kseq = verify.Rule("kseq")
+  trials = ref_trials
+  monkeypatch.setitem(globals(), "ref_trials", lambda rule, tokens, kids, q, pn, wor=False:
+                      (trials(rule, tokens, kids, q, pn, wor)[0], pn))
+  law = _law_array(exact_first_k_law(drafter, P, 2, 2, kseq), 2)
+  assert np.abs(law - target_law(P, 2, 2)).max() > 1e-2
+
+
+def test_typical_acceptance_is_lossy_by_exact_law():
+  """Medusa's typical acceptance is not lossless, so `Rule('typical').lossy` is honest: with a
+  flat target (p = 1/V everywhere, above the threshold min(0.09, 0.3 exp(-H)) = 0.06) and a
+  drafter peaked on token 0 (q(0) = 0.9), every draft is accepted, so the first token is 0 with
+  probability about 0.9 instead of 0.2: the exact law of the first two tokens is at total
+  variation > 0.5 from the target's. The same drafter under recursive rejection is exact."""
+  P = np.full((POS, V, V), 1.0 / V)
+  Q = np.full((POS, V, V), 0.1 / (V - 1))
+  Q[..., 0] = 0.9
+  drafter = RowDrafter(TreeTemplate.from_paths(TWO_LEVELS), Q)
+  want = target_law(P, 2, 1)
+  typical = verify.Rule("typical")
+  assert typical.lossy and not verify.Rule("kseq").lossy and not verify.RECURSIVE.lossy
+  law = _law_array(exact_first_k_law(drafter, P, 2, 1, typical), 2)
+  assert 0.5 * np.abs(law - want).sum() > 0.5
+  np.testing.assert_allclose(law.sum(), 1.0, atol=1e-9)  # a distribution, just not the target's
+  exact = _law_array(exact_first_k_law(drafter, P, 2, 1), 2)
+  np.testing.assert_allclose(exact, want, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("rule", verify.RULES)
+def test_greedy_every_rule_is_the_argmax_walk(rule):
+  """At temperature 0 (SamplingConfig()) every rule accepts exactly the brute-force argmax walk
+  (random trees with sampled i.i.d. rows, argmax ties, invalid subtrees); typical acceptance's
+  own scan does too on one-hot targets (p(argmax) = 1 > its threshold, every other p = 0)."""
+  rule = verify.Rule(rule)
+  rng = np.random.default_rng(21)
+  v, b, n = 3, 100, 10
+  tokens, parent, depth, valid = _random_forest(rng, b, n, v)
+  q = _random_dists(rng, b * n, v, p_zero=0.0).reshape(b, n, v)
+  logits = rng.integers(0, 3, (b, n + 1, v)).astype(np.float32)
+  tree = Tree(jnp.asarray(tokens, jnp.int32), jnp.asarray(parent), jnp.asarray(depth),
+              jnp.asarray(valid), trees.per_node(q))
+  out = jax.tree.map(np.asarray, verify.accept(tree, logits, SamplingConfig(), jax.random.key(1),
+                                               rule=rule))
+  scan = None
+  if rule.name == "typical":
+    onehot = np.asarray(target_probs(jnp.asarray(logits), SamplingConfig()))
+    scan = [np.asarray(x) for x in walk(tree, onehot, rng.random((b, n)).astype(np.float32),
+                                        rule=rule)]
+  for r in range(b):
+    acc, bonus = _brute_greedy(tokens[r], parent[r], valid[r], logits[r])
+    k = len(acc)
+    assert out.n_accepted[r] == k
+    np.testing.assert_array_equal(out.tokens[r], list(tokens[r, acc]) + [bonus] + [0] * (n - k))
+    assert set(np.nonzero(out.accepted_node[r])[0]) == set(acc)
+    if scan is not None:
+      assert set(np.nonzero(scan[0][r])[0]) == set(acc)
+      np.testing.assert_array_equal(scan[2][r], _one_hot(bonus, v))
+  assert np.bincount(out.n_accepted).size >= 3
+
+
+def _recursive_iid_acceptance(p, q, k):
+  """P(recursive rejection accepts one of k i.i.d. drafts from q): 1 - prod_i (1 - sum min(r_i,
+  q)), r_0 = p, r_{i+1} = normalize(max(r_i - q, 0)) (the reference's residual; with i.i.d.
+  siblings it does not depend on the tokens drawn, so this product is exact)."""
+  r, reject = p / p.sum(), 1.0
+  for _ in range(k):
+    reject *= 1.0 - np.minimum(r, q).sum()
+    r = ref_residual(r, q, p)
+  return 1.0 - reject
+
+
+def test_kseq_rho_is_spectr_rho_and_accepts_at_least_recursive_rejection():
+  """verify.kseq_rho on random p, q (with zeros) and k in 1..5: rho in [1, k], exactly 1 for k =
+  1; beta = sum min(q, p / rho); the bound 1 - (1 - beta)^k <= rho beta holds (float32 rounding
+  allowed); rho is the smallest such: its acceptance probability a = 1 - (1 - beta)^k is the
+  float64 root's to 1e-6, and rho is the root to 1e-5 where beta > 0.05 (for a tiny beta the
+  root is only determined to about eps / beta, and so is nothing that depends on it). a then
+  satisfies, as it must:
+    * a >= sum min(p, q) (one draft's): rho beta = sum min(rho q, p) >= sum min(q, p);
+    * a <= 1 - (1 - sum min(p, q))^k: beta(rho) <= beta(1);
+    * a >= recursive rejection's acceptance with the same k i.i.d. drafts. Proof: with g(s) =
+      sum min(p, s q) (concave, g(0) = 0), recursive rejection's unnormalised residual after i
+      rejections is (p - S_i q)^+, S_0 = 0, S_{i+1} = S_i + 1 - g(S_i), and it accepts g(S_k);
+      K-SEQ with rho > 1 accepts g(rho) = rho beta with rho = sum_{j<k} (1 - beta)^j, and g(s)
+      >= beta s for s <= rho gives S_{i+1} <= 1 + (1 - beta) S_i, so S_k <= rho by induction
+      (rho = 1 with k >= 2 only when beta is 0 or 1, where both accept alike).
+  On a few one-level trees, the reference's exact K-SEQ law accepts with probability a and
+  recursive rejection's law with the closed form above."""
+  rng = np.random.default_rng(17)
+  m = 300
+  p, q = _random_dists(rng, m, V), _random_dists(rng, m, V)
+  k = rng.integers(1, 6, m)
+  rho, beta = map(np.asarray, verify.kseq_rho(jnp.asarray(p), jnp.asarray(q), jnp.asarray(k)))
+  p64, q64, rho64 = p.astype(np.float64), q.astype(np.float64), rho.astype(np.float64)
+  assert np.all((1 <= rho) & (rho <= k)) and np.all(rho[k == 1] == 1.0)
+  beta64 = np.minimum(q64, p64 / rho64[:, None]).sum(-1)
+  np.testing.assert_allclose(beta, beta64, atol=1e-6)
+  acc = 1.0 - (1.0 - beta64) ** k
+  assert np.all(acc <= rho64 * beta64 + 1e-6)
+  ref = np.array([ref_kseq_rho(p64[i], q64[i], k[i]) for i in range(m)])
+  beta_ref = np.minimum(q64, p64 / ref[:, None]).sum(-1)
+  np.testing.assert_allclose(acc, 1.0 - (1.0 - beta_ref) ** k, atol=1e-6)  # the optimum's
+  well_posed = beta_ref > 0.05  # rho beta - (1 - (1 - beta)^k) = O(beta^2): rho ~ eps / beta
+  np.testing.assert_allclose(rho64[well_posed], ref[well_posed], atol=1e-5)
+  assert np.sum(ref > 1.01) > m // 3 and well_posed.mean() > 0.6  # roots, not only the ends
+  single = np.minimum(p64, q64).sum(-1)
+  assert np.all(acc >= single - 1e-6)
+  assert np.all(acc <= 1.0 - (1.0 - single) ** k + 1e-6)
+  recursive = np.array([_recursive_iid_acceptance(p64[i], q64[i], k[i]) for i in range(m)])
+  assert np.all(acc >= recursive - 1e-6)
+  assert np.sum(acc > recursive + 1e-3) > m // 4  # strictly more, often
+  for i in range(6):  # exact laws of one-level trees of kk <= 3 i.i.d. children
+    kk = min(int(k[i]), 3)
+    drafter = RowDrafter(TreeTemplate.full((kk,)), np.broadcast_to(q64[i], (POS, V, V)))
+    P = np.broadcast_to(p64[i], (POS, V, V))
+    _, b_kk = verify.kseq_rho(jnp.asarray(p[i]), jnp.asarray(q[i]), jnp.asarray(kk))
+    for rule, want in ((verify.Rule("kseq"), 1.0 - (1.0 - float(b_kk)) ** kk),
+                       (verify.RECURSIVE, _recursive_iid_acceptance(p64[i], q64[i], kk))):
+      law = exact_round_law(drafter, P, 0, 0, rule)
+      assert sum(pr for seq, pr in law.items() if len(seq) == 2) == pytest.approx(want, abs=1e-6)
+
+
+# The q of a pruned tree's instance: its root keeps a second child for some first draws only.
+PRUNED_P = np.array([0.003, 0.047, 0.489, 0.461])
+PRUNED_Q = np.array([0.009, 0.458, 0.492, 0.041])
+PRUNED_BELOW = np.array([[0.120, 0.355, 0.048, 0.477], [0.013, 0.013, 0.963, 0.011],
+                         [0.213, 0.056, 0.710, 0.021], [0.219, 0.577, 1e-7, 0.204]])
+
+
+def _pruned_keeps_second(x1):
+  """EAGLE-2's depth-2, top-2, 2-node tree keeps the root's second draw iff its slot's score
+  log q_(2) is at least the first draw's best child's, log q_(1) + log max q(. | x1) (the
+  earlier candidate wins a tie)."""
+  lq = np.log(np.sort(PRUNED_Q)[::-1])
+  return lq[1] >= lq[0] + np.log(PRUNED_BELOW[x1].max())
+
+
+def test_kseq_is_lossy_on_trees_pruned_by_their_draws_and_is_refused_there():
+  """K-SEQ needs each node's number of children k fixed before they are drawn: rho depends on
+  k, so a k that depends on a draft's own token tests that draft against a rho chosen by it.
+  EAGLE-2's pruned tree does that: with depth 2, top_k 2 and 2 nodes, the root keeps its
+  second draw only for some first draws x1 (those whose own q(. | x1) is flat,
+  `_pruned_keeps_second`; checked here against grow_dynamic_tree's shapes over 4000 rows).
+  Exactly (every x1, x2, y1 enumerated, the reference's rules), K-SEQ's law of the first token
+  is at total variation > 0.05 from p, recursive rejection's is p to 1e-9. So such trees carry
+  counts_fixed = False and verify refuses K-SEQ on them (a jitted accept fails to trace), and
+  `check_children` refuses such drafters before compiling (EAGLE's, DFlash's corrected tree);
+  a tree keeping every candidate, one child per node, `tree_from_marginals` (no score reads a
+  token) and static templates keep it."""
+  v = len(PRUNED_P)
+  p_rows = np.full((3, v), 1.0 / v)
+  p_rows[0] = PRUNED_P
+  first = {verify.RECURSIVE: np.zeros(v), verify.Rule("kseq"): np.zeros(v)}
+  for x1 in range(v):
+    second = [(x, PRUNED_Q[x], [-1, -1], [PRUNED_Q, PRUNED_Q]) for x in range(v)]
+    below = [(y, PRUNED_BELOW[x1, y], [-1, 0], [PRUNED_Q, PRUNED_BELOW[x1]]) for y in range(v)]
+    for x, w, parent, q in second if _pruned_keeps_second(x1) else below:
+      for rule, law in first.items():
+        for seq, pr in ref_round_law([x1, x], parent, [True, True], np.asarray(q), p_rows,
+                                     rule).items():
+          law[seq[0]] += PRUNED_Q[x1] * w * pr
+  assert {_pruned_keeps_second(x) for x in range(v)} == {True, False}
+  np.testing.assert_allclose(first[verify.RECURSIVE], PRUNED_P, atol=1e-9)
+  assert 0.5 * np.abs(first[verify.Rule("kseq")] - PRUNED_P).sum() > 0.05
+
+  b, iid, sampling = 4000, Children("iid"), SamplingConfig(1.0)
+  below = jnp.log(jnp.asarray(PRUNED_BELOW, jnp.float32))
+
+  @functools.partial(jax.jit, static_argnums=(0, 1))
+  def grow(num_nodes, top_k=2):
+    root = jnp.broadcast_to(jnp.log(jnp.asarray(PRUNED_Q, jnp.float32)), (b, v))
+    return trees.grow_dynamic_tree(root, lambda carry, tokens, parent, level: (below[tokens],
+                                   carry), (), depth=2, top_k=top_k, num_nodes=num_nodes,
+                                   children=iid, sampling=sampling, key=jax.random.key(3))[0].tree
+
+  pruned = grow(2)
+  keeps = np.asarray(pruned.parent[:, 1]) == -1
+  np.testing.assert_array_equal(keeps, [_pruned_keeps_second(x) for x in
+                                        np.asarray(pruned.tokens[:, 0])])
+  assert 0 < keeps.mean() < 1 and not pruned.draft.counts_fixed
+  logits = jnp.log(jnp.broadcast_to(jnp.asarray(p_rows, jnp.float32), (b, 3, v)))
+  key, kseq = jax.random.key(0), verify.Rule("kseq")
+  traced = functools.partial(jax.eval_shape, verify.accept)  # traces (and checks), no compile
+  with pytest.raises(ValueError, match="fixed before they are drawn"):
+    traced(pruned, logits, sampling, key, kseq)
+  traced(pruned, logits, sampling, key)  # recursive rejection is lossless on it
+  traced(pruned, logits, SamplingConfig(), key, kseq)  # greedy: every rule is argmax matching
+  for tree in (jax.eval_shape(grow, 6), jax.eval_shape(grow, 2, 1)):  # all kept; chains
+    assert tree.draft.counts_fixed
+  marginals = jnp.log(jnp.broadcast_to(jnp.asarray(PRUNED_BELOW[:2], jnp.float32), (b, 2, v)))
+  grown = jax.eval_shape(lambda m: trees.tree_from_marginals(
+      m, num_nodes=2, top_k=2, children=iid, sampling=sampling, key=key), marginals)
+  assert grown.tree.draft.counts_fixed
+  assert (trees.grown_counts_fixed(2, 2, 2), trees.grown_counts_fixed(2, 2, 6),
+          trees.grown_counts_fixed(3, 1, 3)) == (False, True, True)
+  with pytest.raises(ValueError, match="fixed before they are drawn"):
+    verify.check_children(kseq, "iid", counts_fixed=False)
+  verify.check_children(kseq, "iid")
+  verify.check_children(verify.RECURSIVE, "iid", counts_fixed=False)
+  eagle = functools.partial(EagleDrafter, params=None, d2t=None, head=None, module=object,
+                            net=None, depth=2, top_k=2)
+  assert not eagle(total_tokens=2).counts_fixed and eagle(total_tokens=6).counts_fixed
+  dflash = functools.partial(DFlashDrafter, params=None, d2t=None, head=None, depth=2, top_k=2,
+                             total_tokens=2)
+  assert not dflash(net=SimpleNamespace(correction_rank=1)).counts_fixed
+  assert dflash(net=SimpleNamespace(correction_rank=0)).counts_fixed
+
+
+STEP_BY_STEP = SAMPLED + DETERMINISTIC + ROWS[:2] + KSEQ[:2] + ["typical_peaked_q"]
+
+
+@pytest.mark.parametrize("name", STEP_BY_STEP)
 def test_decisions_match_reference_step_by_step(name):
-  """verify.walk / accept_with_uniforms against ref_walk on the same draws and injected uniforms:
-  the same nodes accepted, the same bonus distribution (to 1e-5), and path / tokens built from
-  them. Rows are drawn at random contexts from each scenario; a uniform within 1e-5 of an accept
-  probability (where float32 and float64 may legitimately disagree) is redrawn."""
+  """verify.walk / accept_with_uniforms against ref_walk on the same draws and injected uniforms
+  (each scenario's rule): the same nodes accepted, the same bonus distribution (to 1e-5), and
+  path / tokens built from them. Rows are drawn at random contexts from each scenario; a uniform
+  within 1e-5 of an accept probability (where float32 and float64 may legitimately disagree) is
+  redrawn. Trees drawn without replacement carry one row per parent (`DraftDist`), so the walk's
+  own removal of the earlier siblings' tokens is what is checked; K-SEQ's rho is the library's
+  float32 bisection against the reference's float64 root."""
   P, drafter = make_problem(name)
+  rule = RULE_OF.get(name, verify.RECURSIVE)
+  wor = getattr(drafter, "without_replacement", False)
   P32 = P.astype(np.float32)
   rng = np.random.default_rng(7)
   b, tpl = 128, drafter.tpl
   c, last = rng.integers(0, 3, b), rng.integers(0, V, b)
   tokens, q, valid = drafter.sample(rng, c, last)
+  tree, q_ref = _tree_and_q(drafter, tokens, q, valid)
   p = np.stack([_target_rows(P32, c[r], tpl.depth, tokens[r], last[r]) for r in range(b)])
   u = rng.random((b, tpl.num_nodes)).astype(np.float32)
   expected = []
   for r in range(b):
-    q_r = None if q is None else q[r].astype(np.float64)
+    q_r = None if q_ref is None else q_ref[r]
     while True:
       acc, res, margin = ref_walk(tokens[r], tpl.parent, valid[r], q_r, p[r].astype(np.float64),
-                                  u[r].astype(np.float64))
+                                  u[r].astype(np.float64), rule, wor)
       if margin > 1e-5:
         break
       u[r] = rng.random(tpl.num_nodes)
     expected.append((acc, res))
-  tree = tpl.tree(tokens, q=q, valid=valid)
-  got_acc, _, got_res = map(np.asarray, walk(tree, p, u))
-  out = jax.tree.map(np.asarray, accept_u(tree, p, u, jax.random.key(0)))
+  got_acc, _, got_res = map(np.asarray, walk(tree, p, u, rule=rule))
+  out = jax.tree.map(np.asarray, accept_u(tree, p, u, jax.random.key(0), rule=rule))
   n_acc = [len(a) for a, _ in expected]
-  assert len(set(n_acc)) > 1 or name == "chain3_q_equals_p"  # several outcomes exercised
+  assert len(set(n_acc)) > 1 or name in ("chain3_q_equals_p", "kseq_q_equals_p")
   for r, (acc, res) in enumerate(expected):
     assert set(np.nonzero(got_acc[r])[0]) == set(acc), r
     np.testing.assert_allclose(got_res[r], res, atol=1e-5)
@@ -704,16 +1144,16 @@ def chi_square_pvalue(observed: dict, expected: dict, n: int) -> float:
   return float(scipy.stats.chi2.sf(stat, len(exp) - 1)) if len(exp) > 1 else 1.0
 
 
-def _round(drafter, L, sampling, c, last, rng, key):
+def _round(drafter, L, sampling, c, last, rng, key, rule=None):
   """One batched verification round of the jitted accept() at contexts (c[B], last[B])."""
   tokens, q, valid = drafter.sample(rng, c, last)
   tpl = drafter.tpl
   logits = np.concatenate([L[c, last][:, None], L[c[:, None] + tpl.depth, tokens]], axis=1)
-  out = verify.accept(tpl.tree(tokens, q=q, valid=valid), logits, sampling, key)
+  out = verify.accept(_tree_and_q(drafter, tokens, q, valid)[0], logits, sampling, key, rule)
   return np.asarray(out.n_accepted), np.asarray(out.tokens)
 
 
-def _mc_counts(drafter, L, sampling, last0, k, seed):
+def _mc_counts(drafter, L, sampling, last0, k, seed, rule=None):
   """Runs rounds until every row has k tokens. Returns the counts of the first round's outcome
   (first two emitted tokens, or (x1, None) if it emitted one) and of the first k tokens."""
   rng, key = np.random.default_rng(seed), jax.random.key(seed)
@@ -726,7 +1166,7 @@ def _mc_counts(drafter, L, sampling, last0, k, seed):
     c = np.minimum(n, k - 1)  # rows already done re-run harmlessly at a legal position
     last = np.where(n > 0, emitted[rows, np.maximum(n - 1, 0)], last0)
     key, sub = jax.random.split(key)
-    n_acc, toks = _round(drafter, L, sampling, c, last, rng, sub)
+    n_acc, toks = _round(drafter, L, sampling, c, last, rng, sub, rule)
     if first_round is None:
       first_round = collections.Counter(
           (int(t[0]), int(t[1]) if m >= 1 else None) for t, m in zip(toks, n_acc))
@@ -767,6 +1207,43 @@ def test_monte_carlo_accept_matches_exact_laws(name, sampling):
   first_round, first2 = _mc_counts(drafter, L, sampling, last0, 2, seed=3)
   exact_round = collections.defaultdict(float)
   for seq, pr in exact_round_law(drafter, P, 0, last0).items():
+    exact_round[(seq[0], seq[1] if len(seq) > 1 else None)] += pr
+  pval_round = chi_square_pvalue(first_round, exact_round, MC_ROWS)
+  want = target_law(P, 2, last0)
+  pval_law = chi_square_pvalue(first2, {xs: want[xs] for xs in np.ndindex(want.shape)}, MC_ROWS)
+  assert pval_round > ALPHA and pval_law > ALPHA, (pval_round, pval_law)
+
+
+NEW_RULE_MC_CASES = [
+    ("wor_draft_ids", verify.RECURSIVE, SamplingConfig(temperature=1.0)),
+    ("kseq_draft_ids", verify.Rule("kseq"), SamplingConfig(temperature=0.7, top_p=0.9)),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, rule, sampling", NEW_RULE_MC_CASES,
+                         ids=[n for n, _, _ in NEW_RULE_MC_CASES])
+def test_monte_carlo_new_rules_match_exact_laws(name, rule, sampling):
+  """The jitted accept() with real randomness on trees carrying one row per parent over a
+  reduced draft vocabulary (`DraftDist.ids`: q over 3 or 4 of the 5 target ids, the others q =
+  0): siblings drawn without replacement at both depths under recursive rejection, and three
+  i.i.d. siblings under K-SEQ against a top-p target. The same two chi-square tests at ALPHA as
+  above: the first round's outcome against the reference's exact one-round law, and the first
+  two tokens against the target's autoregressive law."""
+  rng = np.random.default_rng(12)
+  L = (1.5 * rng.normal(size=(POS, V, V))).astype(np.float32)
+  P = np.asarray(target_probs(jnp.asarray(L), sampling), np.float64)
+  noise = rng.normal(size=(POS, V, V))
+  if name == "wor_draft_ids":
+    drafter = RowDrafter(TreeTemplate.from_paths(TWO_LEVELS),
+                         _softmax(noise[..., :3]).astype(np.float32), True, DRAFT_IDS)
+  else:
+    drafter = RowDrafter(TreeTemplate.from_paths(THREE_SIBLINGS),
+                         _softmax(noise[..., :4]).astype(np.float32), False, [3, 0, 4, 1])
+  last0 = 1
+  first_round, first2 = _mc_counts(drafter, L, sampling, last0, 2, seed=5, rule=rule)
+  exact_round = collections.defaultdict(float)
+  for seq, pr in exact_round_law(drafter, P, 0, last0, rule).items():
     exact_round[(seq[0], seq[1] if len(seq) > 1 else None)] += pr
   pval_round = chi_square_pvalue(first_round, exact_round, MC_ROWS)
   want = target_law(P, 2, last0)

@@ -296,6 +296,14 @@ class DFlashDrafter(learned.LearnedDrafter):
     return self.total_tokens
 
   @property
+  def counts_fixed(self) -> bool:
+    """Whether its sampled trees fix each node's number of children before drawing them
+    (`verify.Rule('kseq')` needs it): always for the marginals' tree, which reads no token;
+    for the corrected block's grown tree, `trees.grown_counts_fixed`."""
+    return not self.net.correction_rank or trees.grown_counts_fixed(
+        self.depth, self.top_k, self.total_tokens)
+
+  @property
   def partition_config(self):
     """The draft layers' own shapes decide how their heads split (`specjax.sharding`)."""
     return self.net.model

@@ -151,6 +151,12 @@ class EagleDrafter(learned.LearnedDrafter):
     return self.total_tokens
 
   @property
+  def counts_fixed(self) -> bool:
+    """Whether its sampled trees fix each node's number of children before drawing them
+    (`trees.grown_counts_fixed`; what `verify.Rule('kseq')` needs)."""
+    return trees.grown_counts_fixed(self.depth, self.top_k, self.total_tokens)
+
+  @property
   def partition_config(self):
     """The draft layer's own shapes decide how its heads split (`specjax.sharding`)."""
     return self.net.model
