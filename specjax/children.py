@@ -31,9 +31,10 @@ the score of its *slot*, `Picked.scores`: its parent's score plus the log of the
 at the parent for the parent's i-th child. It depends on the parent's path and q, never on the
 child's own token or on anything drawn below it, and it falls along every path and down every
 sibling list, so the kept set is a prefix-closed tree whose kept siblings are the first ones
-drawn. That is exactly the information the acceptance rule's induction may condition on, so the
+drawn. That is exactly the information recursive rejection's induction may condition on, so the
 tree is lossless in both sampled modes; the shape EAGLE-2 would give its deterministic children
-is given to the sampled ones.
+is given to the sampled ones. (A pruned tree's later siblings do depend on what the earlier ones
+drew below them, which recursive rejection allows and K-SEQ does not: `trees.grown_counts_fixed`.)
 """
 
 from __future__ import annotations

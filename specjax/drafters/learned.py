@@ -286,8 +286,7 @@ def grown_tree_options(spec: str, family: str, example: str) -> dict[str, int]:
 # (`specjax.children`). Without replacement: a sampled child is accepted with probability
 # min(1, r(x) / q(x)) instead of the residual's mass at a top-k token, and siblings never repeat
 # a token, which i.i.d. siblings may; on a chain (one child per node) the two are the same
-# draw. `experiments.reproduce sampling` measures the modes side by side. At temperature 0 every
-# mode drafts its top-k.
+# draw. At temperature 0 every mode drafts its top-k.
 DEFAULT_CHILDREN = "wor"
 
 
