@@ -123,7 +123,7 @@ CASES = {
             load_config("configs/benchmark.py", ["drafter_options=medusa.depth=3"]),
             ["autoregressive"]),
         r"drafter option 'medusa\.depth=3': drafter 'medusa' has no option 'depth'; its options: "
-        r"\['choices'"),
+        r"\['children', 'choices'"),
     # -- drafter training ------------------------------------------------------------------------
     "learning_rate_nan": (eagle("optim.learning_rate=nan"),
                           r"optim\.learning_rate must be a finite number, got 'nan'"),

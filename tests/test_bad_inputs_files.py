@@ -167,7 +167,7 @@ DRAFTERS = {
                                              r"MedusaConfig\.hidden_size must be an int >= 1"),
     "tree_not_a_dict": (config_json(tree=[1]), r"tree must be a mapping"),
     "tree_unknown_option": (config_json(tree={"dept": 3}),
-                            r"drafter 'medusa' has no option 'dept'; its options: \['choices'"),
+                            r"drafter 'medusa' has no option 'dept'; its options: \['children', 'choices'"),
     "config_not_json": (write("config.json", b"{"), r"corrupt drafter config"),
     "config_missing": (lambda folder: os.remove(folder / "config.json"),
                        r"medusa is not a drafter folder of a known format .*no config\.json"),
@@ -254,7 +254,7 @@ def test_builder_options_are_checked_by_name():
                                        r"options: \['match_scale', 'max_ngram'"):
     drafters.build("ngram", target, num_token=3)
   with pytest.raises(ValueError, match=r"drafter 'eagle' has no option 'dept'; its options: "
-                                       r"\['depth', 'draft_vocab'"):
+                                       r"\['children', 'depth', 'draft_temperature'"):
     io.init_drafter("eagle", target, dept=3)
 
 

@@ -111,6 +111,7 @@ def test_temperature_one_rows_follow_the_targets_law(job):
   lookup, with the chain its row ran with, passes that battery on the tiny sampling target."""
   from specjax.sampling import SamplingConfig
   from tests import test_speculative as battery
+  from tests.helpers.exact_law import check_exact_law
   _, done, _ = job
   rows = [r for r in done["methods"]["result"].payload["records"] if r["temperature"] == 1]
   covered = {f for f in drafters.names() if any(n == f or n.startswith(f + "_")
@@ -119,7 +120,7 @@ def test_temperature_one_rows_follow_the_targets_law(job):
   nodes = next(r["draft_nodes"] for r in rows if r["method"] == "prompt_lookup")
   target = tt.sampling_target()
   drafter = drafters.build("prompt_lookup", target, num_tokens=nodes)
-  battery._check_exact_law(target, drafter, "prompt_lookup", SamplingConfig(1.0), seed=20)
+  check_exact_law(target, drafter, "prompt_lookup", SamplingConfig(1.0), seed=20)
 
 
 def test_depth_table(job):
