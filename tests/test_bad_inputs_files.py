@@ -167,7 +167,8 @@ DRAFTERS = {
                                              r"MedusaConfig\.hidden_size must be an int >= 1"),
     "tree_not_a_dict": (config_json(tree=[1]), r"tree must be a mapping"),
     "tree_unknown_option": (config_json(tree={"dept": 3}),
-                            r"drafter 'medusa' has no option 'dept'; its options: \['children', 'choices'"),
+                            r"drafter 'medusa' has no option 'dept'; its options: "
+                            r"\['children', 'choices'"),
     "config_not_json": (write("config.json", b"{"), r"corrupt drafter config"),
     "config_missing": (lambda folder: os.remove(folder / "config.json"),
                        r"medusa is not a drafter folder of a known format .*no config\.json"),
