@@ -276,6 +276,14 @@ def children_used(drafter: Drafter, sampling: SamplingConfig) -> str:
   return getattr(drafter, "children", TOP_K).used(sampling)
 
 
+def check_rule(drafter: Drafter, sampling: SamplingConfig, rule: verify.Rule) -> None:
+  """ValueError when `rule` cannot verify the trees `drafter` drafts at `sampling`
+  (`verify.check_children`); at temperature 0, or without a drafter, every rule can."""
+  if drafter.num_nodes and not sampling.greedy:
+    verify.check_children(rule, children_used(drafter, sampling),
+                          getattr(drafter, "counts_fixed", True))
+
+
 def prepare(target: Target, prompts, max_new_tokens: int, drafter: Drafter,
             sampling: SamplingConfig, seed: int = 0, eos_token_id=None,
             pad_to: int | None = None, rule: verify.Rule | str | None = None) -> Prepared:
@@ -287,9 +295,7 @@ def prepare(target: Target, prompts, max_new_tokens: int, drafter: Drafter,
   if not 0 <= seed < SEED_LIMIT:
     raise ValueError(f"seed must be an int in [0, 2**32), got {seed}")
   check_drafter(drafter, cfg)
-  if drafter.num_nodes and not sampling.greedy:
-    verify.check_children(rule, children_used(drafter, sampling),
-                          getattr(drafter, "counts_fixed", True))
+  check_rule(drafter, sampling, rule)
   ids = _prepare_prompts(target, prompts)
   longest = max(len(r) for r in ids)
   cfg.check_window(longest + max_new_tokens,

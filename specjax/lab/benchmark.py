@@ -19,8 +19,10 @@ results.json and the printout then also give the mesh and the parameter bytes ea
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -28,8 +30,18 @@ import jax
 import numpy as np
 from tqdm.auto import tqdm
 
-from specjax import assets, checks, config_utils, distributed, drafters, files, metrics, provenance
-from specjax.decoding import bucket_length, generate
+from specjax import (
+  assets,
+  checks,
+  config_utils,
+  distributed,
+  drafters,
+  files,
+  metrics,
+  provenance,
+  verify,
+)
+from specjax.decoding import bucket_length, check_rule, children_used, generate
 from specjax.drafters import registry
 from specjax.drafters.io import check_tree_options, load_drafter
 from specjax.interop.hf import load_target
@@ -54,6 +66,7 @@ from specjax.lab.records import (
 )
 from specjax.lab.report import dataset_table, markdown, plot
 from specjax.rounds import prefill_chunks
+from specjax.sampling import SamplingConfig
 from specjax.sharding import bytes_per_device, describe, mesh_spec
 from specjax.target import Target
 
@@ -170,18 +183,27 @@ def run_methods(target: Target, runs: Sequence[tuple[str, dict[str, Any] | None]
   setups = []
   memo = RunMemo() if memo is None else memo
   sampling = cfg.sampling
-  for method, options in runs:
+  # A lossy rule warns here, once per call, when it will decide what is emitted (T > 0).
+  rule = verify.Rule(cfg.rule) if sampling.greedy else verify.rule_of(cfg.rule)
+  for method, options in runs:  # every drafter built and its rule checked before any compiles
     options = cfg.options_for(method) if options is None else options
     drafter = None if method == AR else build_drafter(method, target, cfg, options)
+    if drafter is not None:
+      try:
+        check_rule(drafter, sampling, rule)
+      except ValueError as e:
+        raise ValueError(f"{method} with rule={cfg.rule!r}: {e}") from None
     kwargs = dict(max_new_tokens=cfg.max_new_tokens, drafter=drafter,
                   temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
-                  eos_token_id=[], pad_to=pad_to)
+                  eos_token_id=[], pad_to=pad_to, rule=rule)
     setup_key = (method, repr(sorted(options.items())), cfg.drafter.get(method), pad_to,
-                 cfg.max_new_tokens, sampling)
-    if (setup_key, batch_size) not in memo.warm:
-      generate(target, groups[0], seed=cfg.seed, **kwargs)  # warm-up: compile, first calls
-      memo.warm.add((setup_key, batch_size))
+                 cfg.max_new_tokens, sampling, rule)
     setups.append((method, drafter, kwargs, setup_key))
+  for _, _, kwargs, setup_key in setups:
+    if (setup_key, batch_size) not in memo.warm:
+      with _quiet_lossy(rule):
+        generate(target, groups[0], seed=cfg.seed, **kwargs)  # warm-up: compile, first calls
+      memo.warm.add((setup_key, batch_size))
   acc = [{"tokens": 0, "calls": 0, "walls": [0.0] * repeats, "hist": None, "outputs": []}
          for _ in runs]
   base_postfix = getattr(bar, "postfix", None) or ""
@@ -192,7 +214,8 @@ def run_methods(target: Target, runs: Sequence[tuple[str, dict[str, Any] | None]
   for rep in range(repeats):
     for i, group in enumerate(groups):
       for (_, _, kwargs, _), a in zip(setups, acc):
-        r = generate(target, group, seed=cfg.seed + i, **kwargs)
+        with _quiet_lossy(rule):
+          r = generate(target, group, seed=cfg.seed + i, **kwargs)
         a["walls"][rep] += r.stats.wall_seconds
         if bar is not None:
           bar.update(1)
@@ -226,12 +249,31 @@ def run_methods(target: Target, runs: Sequence[tuple[str, dict[str, Any] | None]
         batch_size=batch_size, outputs=a["outputs"], prompts=len(prompts),
         prefill_chunks=sum(max(prefill_chunks(len(p), pad_to) for p in group)
                            for group in groups),
-        draft_nodes=0 if drafter is None else drafter.num_nodes, phases=phases,
+        draft_nodes=0 if drafter is None else drafter.num_nodes,
+        **({} if drafter is None else drafting(drafter, sampling, rule)), phases=phases,
         param_bytes=None if target.mesh is None or drafter is None
         else param_bytes(drafter, target.mesh)))
   if bar is not None:
     bar.set_postfix_str(base_postfix)  # the caller's postfix: a later call starts from it
   return records
+
+
+def drafting(drafter, sampling: SamplingConfig, rule: verify.Rule) -> dict[str, Any]:
+  """A drafter's run's `children`, `rule` and `lossy`, as its record holds them: at T = 0 the
+  children are its top-k and verification is greedy matching, whatever the options ask."""
+  if sampling.greedy:
+    return {"children": children_used(drafter, sampling), "rule": "greedy", "lossy": False}
+  return {"children": children_used(drafter, sampling), "rule": rule.name, "lossy": rule.lossy}
+
+
+@contextlib.contextmanager
+def _quiet_lossy(rule: verify.Rule):
+  """Inside: no `LossyRuleWarning` for `rule`, of which `run_methods` has warned once already,
+  not at each of its generate calls."""
+  with warnings.catch_warnings():
+    if rule.lossy:
+      warnings.simplefilter("ignore", verify.LossyRuleWarning)
+    yield
 
 
 def common_pad(target: Target, prompt_sets: Sequence[Sequence[list[int]]]) -> int:
@@ -257,9 +299,10 @@ def running_figures(methods: Sequence[str], acc: Sequence[dict[str, Any]]) -> st
 def phase_timings(target: Target, drafter, prompts: Sequence[list[int]], cfg: BenchmarkConfig,
                   pad_to: int) -> PhaseTimings:
   """`profile_phases` of one method in ms, as a record holds them."""
-  phases = profile_phases(target, prompts, drafter=drafter, repeats=cfg.profile_repeats,
-                          max_new_tokens=cfg.max_new_tokens, pad_to=pad_to,
-                          sampling=cfg.sampling)
+  with _quiet_lossy(verify.Rule(cfg.rule)):
+    phases = profile_phases(target, prompts, drafter=drafter, repeats=cfg.profile_repeats,
+                            max_new_tokens=cfg.max_new_tokens, pad_to=pad_to,
+                            sampling=cfg.sampling, rule=cfg.rule)
   return PhaseTimings(
       **{f"{name}_ms": phases[name] * 1e3 for name in PHASES},
       **{f"{name}_spread_ms": phases[f"{name}_spread"] * 1e3 for name in PHASES},

@@ -53,6 +53,11 @@ class BenchmarkConfig:
   top_k: NonNegInt = 0
   top_p: Annotated[float, Interval(gt=0, le=1)] = 1.0
   seed: Seed = 0
+  # How drafts are accepted at T > 0 (`specjax.verify.Rule`): "recursive" (recursive rejection,
+  # lossless for any drafter), "kseq" (SpecTr's k-sequential selection, lossless, for drafters
+  # with children=iid: --set drafter_options=eagle.children=iid) or "typical" (Medusa's typical
+  # acceptance: LOSSY, marked so in every table and in results.json). T = 0 matches greedily.
+  rule: Literal["recursive", "kseq", "typical"] = "recursive"
   # Phase timings (draft, verify and prefill ms, and the drafting share, ideal speedups and loop
   # efficiency built on them): one more compiled program per method. false leaves them out, for
   # a quicker table of tau, tokens/s and speedup.

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import checks, decoding, rounds, timing
+from specjax import checks, decoding, rounds, timing, verify
 from specjax.decoding import Prepared
 from specjax.drafters.base import Drafter, NoDrafter
 from specjax.models.cache import KVCache
@@ -25,7 +25,8 @@ from specjax.target import Target
 def profile_phases(target: Target, prompts, *, drafter: Drafter | None = None,
                    max_new_tokens: int = 64, repeats: int = 20,
                    sampling: SamplingConfig = GREEDY, pad_to: int | None = None,
-                   trials: int = 5) -> dict[str, float]:
+                   trials: int = 5, rule: verify.Rule | str | None = None
+                   ) -> dict[str, float]:
   """Seconds per round of the verify phase and of the draft phase, and of the prefill (the
   prompt's forward plus the drafter's `init`), each with its spread across trials.
 
@@ -46,7 +47,8 @@ def profile_phases(target: Target, prompts, *, drafter: Drafter | None = None,
 
   `<name>_spread` is the range (max - min) of the per-trial estimates. Nothing is clamped: a
   difference of noisy timings can come out negative, and a caller judging the figures needs to
-  see that (`specjax.lab.benchmark` marks such cells). The ideal speedup of a method is
+  see that (`specjax.lab.benchmark` marks such cells). `rule` is `generate`'s acceptance rule
+  (at T > 0 its verify phase is the rule's). The ideal speedup of a method is
   tau * t_AR_step / (t_draft + t_verify); a run gets close to it when its prefill and its
   per-call costs are small beside its rounds.
   """
@@ -54,16 +56,18 @@ def profile_phases(target: Target, prompts, *, drafter: Drafter | None = None,
   repeats = checks.integer("repeats", repeats, lo=1)
   # One round at least: a budget of one token is the prefill alone.
   max_new_tokens = checks.integer("max_new_tokens", max_new_tokens, lo=2)
-  run = prepare(target, prompts, drafter, max_new_tokens, sampling, pad_to)
+  run = prepare(target, prompts, drafter, max_new_tokens, sampling, pad_to, rule)
   with decoding.mesh_context(run.spec.mesh):
     return _profile(run, repeats, trials)
 
 
 def prepare(target: Target, prompts, drafter: Drafter | None, max_new_tokens: int,
-            sampling: SamplingConfig, pad_to: int | None) -> Prepared:
+            sampling: SamplingConfig, pad_to: int | None,
+            rule: verify.Rule | str | None = None) -> Prepared:
   """The profiler's program inputs (seed 0, no EOS; None: no drafter)."""
   drafter = NoDrafter() if drafter is None else drafter
-  return decoding.prepare(target, prompts, max_new_tokens, drafter, sampling, 0, [], pad_to)
+  return decoding.prepare(target, prompts, max_new_tokens, drafter, sampling, 0, [], pad_to,
+                          rule)
 
 
 def budget_runs(run: Prepared) -> tuple[Callable[[KVCache, bool], DecodeState], DecodeState]:

@@ -91,6 +91,13 @@ class MethodRecord:
   prompts: int
   prefill_chunks: int  # every prompt's prefill chunks, summed over the run's batches
   draft_nodes: int  # 0 for autoregressive decoding
+  # How a drafter's run drafted and verified (None for autoregressive decoding): the children it
+  # drew ("top_k", "iid", "wor": `specjax.children`; "top_k" at T = 0 whatever it was built
+  # with), the acceptance rule ("greedy" at T = 0, else `specjax.verify.Rule`'s name) and
+  # whether that rule is lossy (typical acceptance: its output is not the target's).
+  children: str | None = None
+  rule: str | None = None
+  lossy: bool = False
   phases: PhaseTimings | None = None  # None: not profiled
   param_bytes: dict[str, int] | None = None  # the drafter's bytes per device, on a mesh
   dataset: str | None = None

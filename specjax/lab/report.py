@@ -76,6 +76,14 @@ def cell(value: float | None, spec: str, unreliable: bool, spread: float | None 
   return text + (" ?" if unreliable else "")
 
 
+def drafting(record: MethodRecord) -> str:
+  """How a run drafted and verified, as its table's "drafting" column says: children and rule
+  ("wor, recursive"; at T = 0 "top_k, greedy"), LOSSY after a lossy rule, "-" without a drafter."""
+  if record.children is None:
+    return "-"
+  return f"{record.children}, {record.rule}" + (" LOSSY" if record.lossy else "")
+
+
 def format_bytes(n: int) -> str:
   """`n` bytes in KiB below a MiB, MiB below a GiB, else GiB (two decimals)."""
   for unit, size in (("GiB", 2**30), ("MiB", 2**20)):
@@ -140,11 +148,11 @@ def dataset_table(records: Sequence[MethodRecord], cfg: BenchmarkConfig) -> list
   count, notes = prompts_ran(records[0], cfg)
   lines = [f"### {records[0].dataset} (T={cfg.temperature}, {count} x {cfg.max_new_tokens} "
            f"new tokens, batch 1{'; ' + notes if notes else ''})", ""]
-  header = ["method", "tau", "tokens/s", "speedup", "target calls"]
+  header = ["method", "drafting", "tau", "tokens/s", "speedup", "target calls"]
 
   def measured(r: MethodRecord) -> list[Any]:
-    return [r.method, f"{r.tau:.2f}", f"{r.tokens_per_second:.1f}", f"{r.speedup:.2f}x",
-            r.target_calls]
+    return [r.method, drafting(r), f"{r.tau:.2f}", f"{r.tokens_per_second:.1f}",
+            f"{r.speedup:.2f}x", r.target_calls]
 
   if not cfg.profile:
     return lines + metrics.markdown_table(header, [measured(r) for r in records])

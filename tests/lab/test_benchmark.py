@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from specjax import decoding, provenance
+from specjax import decoding, provenance, verify
 from specjax.lab import benchmark, report
 from specjax.lab.benchmark import BenchmarkConfig, run, running_figures
 from specjax.lab.records import (
@@ -26,7 +26,7 @@ from specjax.lab.records import (
 RESULT_KEYS = [
     "method", "tau", "tokens_per_second", "tokens_per_second_repeats", "target_calls",
     "new_tokens", "wall_seconds", "acceptance_by_depth", "accepted_by_depth", "batch_size",
-    "outputs", "prompts", "prefill_chunks", "draft_nodes", "t_prefill_ms", "t_draft_ms",
+    "outputs", "prompts", "prefill_chunks", "draft_nodes", "lossy", "t_prefill_ms", "t_draft_ms",
     "t_verify_ms", "t_prefill_spread_ms", "t_draft_spread_ms", "t_verify_spread_ms",
     "prefill_chunks_timed", "phases_reused", "dataset", "prompt_set", "speedup",
     "speedup_repeats", "matches_autoregressive", "draft_share", "ideal_speedup",
@@ -79,6 +79,11 @@ def test_benchmark_runs_and_reports(tmp_path, monkeypatch):
   assert saved["records"] == [r.to_json() for r in both]
   assert [MethodRecord.from_json(r) for r in saved["records"]] == both
   assert list(saved["records"][0]) == RESULT_KEYS
+  # At T = 0 a drafter drafts its top-k, matched greedily, whatever children it was built with
+  # (eagle3's default draws without replacement at T > 0); the records and the table say so.
+  assert [(r.children, r.rule, r.lossy) for r in records] == [
+      (None, None, False), ("top_k", "greedy", False), ("top_k", "greedy", False)]
+  assert "| eagle3 | top_k, greedy |" in (tmp_path / "results.md").read_text()
   assert "layout" not in saved and saved["config"]["mesh"] is None  # one device: as before
   block = saved["provenance"]
   assert block["versions"]["jax"] and block["versions"]["numpy"] and block["backend"]
@@ -120,6 +125,30 @@ def test_phase_timings_need_a_round(tmp_path):
                         out=str(tmp_path / "out"))
   with pytest.raises(ValueError, match=r"phase timings need max_new_tokens >= 2 .* got 1"):
     run(cfg)
+
+
+def test_sampled_runs_name_their_drafting_and_mark_a_lossy_rule(tmp_path, monkeypatch):
+  """At T > 0 a drafter's record names the children it drew and the rule that verified them, as
+  the table's drafting column does; typical acceptance is marked LOSSY (a warning, the JSON flag,
+  the column). A rule the drafter's children cannot serve is refused by name before anything
+  compiles."""
+  calls = []
+  monkeypatch.setattr(benchmark, "generate",
+                      lambda *a, **k: calls.append(k["rule"]) or decoding.generate(*a, **k))
+  base = dict(methods=(AR, "eagle"), datasets=("humaneval",), num_prompts=1, max_new_tokens=8,
+              temperature=1.0, profile=False)
+  with pytest.raises(ValueError, match=r"eagle with rule='kseq': rule 'kseq' needs i\.i\.d\. "
+                                       r"sampled children .* children are 'wor'"):
+    run(BenchmarkConfig(**base, rule="kseq", out=str(tmp_path / "kseq")))
+  assert calls == []
+  out = tmp_path / "typical"
+  with pytest.warns(verify.LossyRuleWarning, match="'typical' is LOSSY"):
+    records = run(BenchmarkConfig(**base, rule="typical", drafter_options=("eagle.children=iid",),
+                                  out=str(out)))
+  assert [(r.children, r.rule, r.lossy) for r in records] == [
+      (None, None, False), ("iid", "typical", True)]
+  assert json.loads((out / "results.json").read_text())["records"][1]["lossy"] is True
+  assert "| eagle | iid, typical LOSSY |" in (out / "results.md").read_text()
 
 
 def test_compare_drafters_runs_equal_trees(capsys):
@@ -248,10 +277,10 @@ def test_unreliable_figures_are_marked_not_clamped():
           for line in report.markdown(records, BenchmarkConfig()).splitlines()
           if line.startswith("| ") and "method" not in line}
   assert not any("?" in c for c in rows["fine"]) and not any("?" in c for c in rows[AR])
-  assert rows["negative"][5].strip() == "-0.30 ±0.10 ?"  # draft ms/round
-  assert rows["negative"][8].strip().endswith("?")  # drafting share rests on it
-  assert rows["too_fast"][11].strip().endswith("?") and "?" not in rows["too_fast"][5]
-  assert rows["too_fast"][12].strip() == "loop_efficiency"
+  assert rows["negative"][6].strip() == "-0.30 ±0.10 ?"  # draft ms/round
+  assert rows["negative"][9].strip().endswith("?")  # drafting share rests on it
+  assert rows["too_fast"][12].strip().endswith("?") and "?" not in rows["too_fast"][6]
+  assert rows["too_fast"][13].strip() == "loop_efficiency"
 
 
 def test_bound_with_prefill_scales_the_timed_prefill_by_chunks():
