@@ -1,9 +1,11 @@
-"""Reproduce a results table: `methods`, `depth`, `theory`, `budget`, `peers`, `batch` or `all`.
+"""Reproduce a results table: `methods`, `sampling`, `depth`, `theory`, `budget`, `peers`,
+`batch` or `all`.
 
   python -m experiments.reproduce methods
   python -m experiments.reproduce all                               # every table, one job
   python -m experiments.reproduce depth --set num_prompts=8 --set max_new_tokens=128
-  python -m experiments.reproduce methods --set methods_table.temperatures=0
+  python -m experiments.reproduce methods --set methods_table.temperatures=1 \
+      --set methods_table.top_p=1
   python -m experiments.reproduce methods --set target=DIR --set drafter.eagle3=DIR
   python -m experiments.reproduce budget --config my_reproduce.py --out out/mine
 

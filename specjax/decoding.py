@@ -289,13 +289,17 @@ def prepare(target: Target, prompts, max_new_tokens: int, drafter: Drafter,
             pad_to: int | None = None, rule: verify.Rule | str | None = None) -> Prepared:
   """Validates a call's inputs and builds its program's spec and arguments (`Prepared`)."""
   cfg = target.config
-  rule = verify.rule_of(rule)
+  rule = verify.rule_of(rule, warn=False)
   max_new_tokens = checks.integer("max_new_tokens", max_new_tokens, lo=1)
   seed = checks.integer("seed", seed)
   if not 0 <= seed < SEED_LIMIT:
     raise ValueError(f"seed must be an int in [0, 2**32), got {seed}")
   check_drafter(drafter, cfg)
   check_rule(drafter, sampling, rule)
+  if not drafter.num_nodes:  # nothing to accept: one program whatever the rule
+    rule = verify.RECURSIVE
+  elif not sampling.greedy:  # where the rule decides what is emitted
+    verify.warn_if_lossy(rule, stacklevel=4)
   ids = _prepare_prompts(target, prompts)
   longest = max(len(r) for r in ids)
   cfg.check_window(longest + max_new_tokens,

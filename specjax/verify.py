@@ -113,34 +113,47 @@ class Rule:
 RECURSIVE = Rule()
 
 
-def rule_of(rule: Rule | str | None) -> Rule:
-  """A `Rule` from a rule or its name (None: recursive rejection); warns for a lossy one."""
+def rule_of(rule: Rule | str | None, *, warn: bool = True) -> Rule:
+  """A `Rule` from a rule or its name (None: recursive rejection); warns for a lossy one, unless
+  not `warn` (a caller for whom it decides nothing: `warn_if_lossy` then, when it does)."""
   if rule is None:
     return RECURSIVE
   if isinstance(rule, str):
     rule = Rule(rule)
   if not isinstance(rule, Rule):
     raise ValueError(f"rule must be one of {list(RULES)} or a specjax.verify.Rule, got {rule!r}")
+  if warn:
+    warn_if_lossy(rule, stacklevel=4)
+  return rule
+
+
+def warn_if_lossy(rule: Rule, stacklevel: int = 3) -> None:
+  """`LossyRuleWarning` when `rule` is lossy."""
   if rule.lossy:
     warnings.warn(f"verification rule {rule.name!r} is LOSSY: sampled output no longer follows "
-                  "the target's distribution", LossyRuleWarning, stacklevel=3)
-  return rule
+                  "the target's distribution", LossyRuleWarning, stacklevel=stacklevel)
 
 
 class LossyRuleWarning(UserWarning):
   """A lossy acceptance rule (typical acceptance) was chosen."""
 
 
+class RuleMismatch(ValueError):
+  """A rule that cannot verify a drafter's trees (`check_children`): a caller sweeping rules and
+  drafters (the lab's sampling table) skips the pair, naming why."""
+
+
 def check_children(rule: Rule, children_mode: str, counts_fixed: bool = True) -> None:
-  """ValueError when `rule` cannot verify children drafted as `children_mode` ("top_k", "iid",
-  "wor"; the mode a drafter uses at a temperature > 0) in a tree that fixes each node's number
-  of children before drawing them or not (`counts_fixed`, `trees.DraftDist.counts_fixed`)."""
+  """RuleMismatch (a ValueError) when `rule` cannot verify children drafted as `children_mode`
+  ("top_k", "iid", "wor"; the mode a drafter uses at a temperature > 0) in a tree that fixes
+  each node's number of children before drawing them or not (`counts_fixed`,
+  `trees.DraftDist.counts_fixed`)."""
   if rule.needs_iid and children_mode != "iid":
-    raise ValueError(f"rule {rule.name!r} needs i.i.d. sampled children (children='iid'); this "
+    raise RuleMismatch(f"rule {rule.name!r} needs i.i.d. sampled children (children='iid'); this "
                      f"drafter's children are {children_mode!r}: use rule='recursive', or "
                      "build the drafter with children='iid'")
   if rule.needs_iid and not counts_fixed:
-    raise ValueError(f"rule {rule.name!r} needs each node's number of children fixed before "
+    raise RuleMismatch(f"rule {rule.name!r} needs each node's number of children fixed before "
                      "they are drawn; this drafter prunes a grown tree (EAGLE-2's, or a "
                      "corrected DFlash block's, with top_k > 1 and total_tokens below the "
                      "tree's capacity), keeping a child or not by what its earlier siblings drew "
@@ -149,7 +162,7 @@ def check_children(rule: Rule, children_mode: str, counts_fixed: bool = True) ->
 
 
 def _check_rule(rule: Rule, tree: Tree) -> None:
-  if rule.needs_iid:
+  if rule.needs_iid and tree.num_nodes:  # a tree without nodes (autoregressive) has no children
     if tree.draft is None or tree.draft.without_replacement:
       check_children(rule, "top_k" if tree.draft is None else "wor")
     check_children(rule, "iid", tree.draft.counts_fixed)

@@ -58,6 +58,14 @@ CASES = {
     "temperature_nan": (bench("temperature=nan"), r"temperature must be a finite number"),
     "temperature_inf": (bench("temperature=inf"), r"temperature must be a finite number"),
     "temperature_word": (bench("temperature=warm"), r"temperature must be a number, got 'warm'"),
+    "rule_unknown": (bench("rule=greedy"),
+                     r"rule must be one of 'recursive', 'kseq' or 'typical', got 'greedy'"),
+    "sampling_table_rule_unknown": (repro("sampling_table.rules=recursive,spectr"),
+                                    r"sampling_table\.rules\[1\] must be one of 'recursive', "
+                                    r"'kseq' or 'typical', got 'spectr'"),
+    "sampling_table_children_unknown": (repro("sampling_table.children=beam"),
+                                        r"sampling_table\.children\[0\] must be one of 'top_k', "
+                                        r"'iid' or 'wor', got 'beam'"),
     "top_p_zero": (bench("top_p=0"), r"top_p must be a float in \(0, 1\], got '0'"),
     "top_p_above_one": (bench("top_p=1.5"), r"top_p must be a float in \(0, 1\]"),
     "top_k_negative": (bench("top_k=-1"), r"top_k must be an int >= 0, got '-1'"),
@@ -102,6 +110,12 @@ CASES = {
                           r"batch_table\.sizes must hold at least 1 item\(s\)"),
     "timing_repeats_zero": (repro("methods_table.timing_repeats=0"),
                             r"methods_table\.timing_repeats must be an int >= 1"),
+    "top_p_per_temperature": (repro("methods_table.temperatures=0,1"),
+                              r"methods_table\.top_p holds 3 values for 2 temperature\(s\) "
+                              r"\[0\.0, 1\.0\]: give one top-p per temperature, or one for all"),
+    "sampling_table_not_learned": (repro("sampling_table.methods=prompt_lookup"),
+                                   r"sampling_table\.methods holds 'prompt_lookup', which it "
+                                   r"cannot run"),
     "temperatures_negative": (repro("methods_table.temperatures=0,-1"),
                               r"methods_table\.temperatures\[1\] must be a float >= 0, got '-1'"),
     "theory_lengths_zero": (repro("theory_table.lengths=0,2"),

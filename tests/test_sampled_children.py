@@ -142,6 +142,12 @@ def test_a_rule_for_iid_children_refuses_other_drafters(sampling_target):
                        temperature=1.0, rule="kseq")
     specjax.generate(sampling_target, [SAMPLING_PROMPT], max_new_tokens=3, drafter=drafter,
                      rule="kseq")
+  # Autoregressive decoding has nothing to accept: every rule runs it, as the same program.
+  plain = specjax.generate(sampling_target, [SAMPLING_PROMPT], max_new_tokens=3, temperature=1.0)
+  for rule in ("kseq", "typical"):
+    ar = specjax.generate(sampling_target, [SAMPLING_PROMPT], max_new_tokens=3, temperature=1.0,
+                          rule=rule)
+    assert ar.tokens == plain.tokens and ar.stats.compile_seconds == 0.0, rule
   with pytest.raises(ValueError, match="rule must be one of"):
     specjax.generate(sampling_target, [SAMPLING_PROMPT], max_new_tokens=3, rule="magic")
   with pytest.raises(ValueError, match="children must be one of"):

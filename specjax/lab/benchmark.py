@@ -183,22 +183,23 @@ def run_methods(target: Target, runs: Sequence[tuple[str, dict[str, Any] | None]
   setups = []
   memo = RunMemo() if memo is None else memo
   sampling = cfg.sampling
-  # A lossy rule warns here, once per call, when it will decide what is emitted (T > 0).
-  rule = verify.Rule(cfg.rule) if sampling.greedy else verify.rule_of(cfg.rule)
+  rule = verify.Rule(cfg.rule)
   for method, options in runs:  # every drafter built and its rule checked before any compiles
     options = cfg.options_for(method) if options is None else options
     drafter = None if method == AR else build_drafter(method, target, cfg, options)
     if drafter is not None:
       try:
         check_rule(drafter, sampling, rule)
-      except ValueError as e:
-        raise ValueError(f"{method} with rule={cfg.rule!r}: {e}") from None
+      except verify.RuleMismatch as e:
+        raise verify.RuleMismatch(f"{method} with rule={cfg.rule!r}: {e}") from None
     kwargs = dict(max_new_tokens=cfg.max_new_tokens, drafter=drafter,
                   temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
                   eos_token_id=[], pad_to=pad_to, rule=rule)
     setup_key = (method, repr(sorted(options.items())), cfg.drafter.get(method), pad_to,
                  cfg.max_new_tokens, sampling, rule)
     setups.append((method, drafter, kwargs, setup_key))
+  if not sampling.greedy and any(m != AR for m, _ in runs):
+    verify.warn_if_lossy(rule)  # once here, where it decides what is emitted, not per call
   for _, _, kwargs, setup_key in setups:
     if (setup_key, batch_size) not in memo.warm:
       with _quiet_lossy(rule):

@@ -103,6 +103,7 @@ class MethodRecord:
   dataset: str | None = None
   prompt_set: dict[str, int] | None = None  # `PromptSet.summary()` of the benchmark's run
   temperature: float | None = None  # a reproduce table's run
+  top_p: float | None = None  # ditto
   # The builder options it ran with, where the caller chose them (None: the config's).
   options: dict[str, Any] | None | _Absent = ABSENT
   speedup: float | None = None  # tokens/s over AR's in the same run (`add_speedups`)

@@ -29,6 +29,7 @@ from specjax.lab.tables.budget import BudgetTable
 from specjax.lab.tables.depth import DepthTable
 from specjax.lab.tables.methods import MethodsTable
 from specjax.lab.tables.peers import PeersTable
+from specjax.lab.tables.sampling import SamplingTable
 from specjax.lab.tables.theory import TheoryTable
 
 
@@ -45,6 +46,7 @@ class ReproduceConfig(BenchmarkConfig):
   profile_repeats: PosInt = 20  # loop lengths of the phase timings (theory), the oracle (budget)
   out: NonEmptyStr = "out/reproduce"
   methods_table: MethodsTable = MethodsTable()
+  sampling_table: SamplingTable = SamplingTable()
   depth_table: DepthTable = DepthTable()
   theory_table: TheoryTable = TheoryTable()
   budget_table: BudgetTable = BudgetTable()

@@ -99,9 +99,10 @@ class Session:
     """The job's sampling at temperature 0: what every table but `methods` decodes with."""
     return dataclasses.replace(self.cfg.sampling, temperature=0.0)
 
-  def sampling_at(self, temperature: float) -> SamplingConfig:
-    """The job's sampling (its top-k and top-p) at `temperature`."""
-    return dataclasses.replace(self.cfg.sampling, temperature=float(temperature))
+  def sampling_at(self, temperature: float, top_p: float | None = None) -> SamplingConfig:
+    """The job's sampling (its top-k, and its top-p unless `top_p`) at `temperature`."""
+    top_p = self.cfg.top_p if top_p is None else float(top_p)
+    return dataclasses.replace(self.cfg.sampling, temperature=float(temperature), top_p=top_p)
 
   @functools.cached_property
   def pad_to(self) -> int:
@@ -111,21 +112,25 @@ class Session:
 
   def measure(self, dataset: str, runs: Sequence[tuple[str, dict[str, Any] | None]], *,
               sampling: SamplingConfig | None = None, repeats: int = 1, profile: bool = False,
-              batch_size: int = 1, num_prompts: int | None = None) -> list[MethodRecord]:
+              batch_size: int = 1, num_prompts: int | None = None, rule: str | None = None
+              ) -> list[MethodRecord]:
     """`run_methods` records of `runs` on `dataset`, with speedups when AR is among them, under
-    `sampling` (None: `greedy`). Kept runs are reused when every one is there, timed as often
-    and profiled if asked, and (for speedups) from one run. The records are copies."""
+    `sampling` (None: `greedy`) and acceptance `rule` (None: the job's). Kept runs are reused
+    when every one is there, timed as often and profiled if asked, and (for speedups) from one
+    run. The records are copies."""
     sampling = self.greedy if sampling is None else sampling
+    rule = self.cfg.rule if rule is None else rule
     n = len(self.prompts(dataset, num_prompts))
-    keys = [(dataset, sampling, batch_size, n, m, json.dumps(o, sort_keys=True))
+    keys = [(dataset, sampling, rule, batch_size, n, m, json.dumps(o, sort_keys=True))
             for m, o in runs]
     kept = [self._runs.get(k) for k in keys]
     usable = all(k is not None and k[2] >= repeats and (k[3] or not profile) for k in kept)
     if usable and (len({k[1] for k in kept}) == 1 or all(m != AR for m, _ in runs)):
       return [copy.copy(k[0]) for k in kept]
     cfg = dataclasses.replace(self.cfg, temperature=sampling.temperature, top_k=sampling.top_k,
-                              top_p=sampling.top_p)
-    records = [dataclasses.replace(r, dataset=dataset, temperature=sampling.temperature, options=o)
+                              top_p=sampling.top_p, rule=rule)
+    records = [dataclasses.replace(r, dataset=dataset, temperature=sampling.temperature,
+                                   top_p=sampling.top_p, options=o)
                for r, (_, o) in zip(run_methods(
                    self.target, runs, self.prompts(dataset, num_prompts), cfg, self.bar,
                    repeats=repeats, profile=profile, batch_size=batch_size, pad_to=self.pad_to),

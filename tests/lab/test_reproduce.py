@@ -1,6 +1,6 @@
 """`python -m experiments.reproduce`: every table on a tiny checkpoint with tiny sizes, in one
 job (the path `all` takes): the files, the columns, greedy outputs equal to autoregressive
-decoding, and T = 1 rows only for methods the exact-law battery of tests/test_speculative.py
+decoding, and sampled rows only for methods the exact-law battery of tests/test_speculative.py
 covers, one of them checked against the target's law with the options its row ran with."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from specjax.config_utils import load_config
 from specjax.lab.reproduce import ReproduceConfig, run
 from specjax.lab.tables import TABLES
 from specjax.lab.tables.theory import expected_tokens, per_token_acceptance
+from specjax.verify import LossyRuleWarning
 from tests.helpers import tiny_targets as tt
 
 METHODS = ("autoregressive", "prompt_lookup", "eagle")
@@ -41,16 +42,24 @@ def job(tmp_path_factory):
       f"target={target_dir}", f"drafter.draft_lm={target_dir}", f"drafter.eagle={root / 'eagle'}",
       f"methods={','.join(METHODS)}",
       # Chains of 4 (the default is 1): after the prefill, one round emits the other 5 tokens.
-      "drafter_options=draft_lm.num_tokens=4",
+      # EAGLE's tree keeps every candidate (2 levels of 2 children), which k-sequential
+      # selection of its i.i.d. children needs (the sampling table).
+      "drafter_options=draft_lm.num_tokens=4,eagle.depth=2,eagle.top_k=2,eagle.total_tokens=6",
       "datasets=humaneval,stdlib_docstrings", "num_prompts=2", "max_prompt_tokens=24",
       "max_new_tokens=6", "profile_repeats=1", "methods_table.timing_repeats=2",
+      # Two row groups (the default has three): greedy, and T = 0.7 with top-p 0.9.
+      "methods_table.temperatures=0,0.7", "methods_table.top_p=1,0.9",
+      "sampling_table.methods=eagle", "sampling_table.children=top_k,iid",
+      "sampling_table.timing_repeats=1",
       "theory_table.methods=prompt_lookup", "theory_table.lengths=3", "budget_table.methods=eagle",
       "budget_table.nodes=2", "batch_table.methods=prompt_lookup", "batch_table.sizes=1,2",
       "batch_table.num_prompts=2",
       f"out={root / 'out'}"])
   names = [n for n in TABLES if n != "peers" or _has_transformers()]
   lines = []
-  return cfg, run(names, cfg, echo=lines.append), "\n".join(lines)
+  with pytest.warns(LossyRuleWarning, match="'typical' is LOSSY"):  # the sampling table's
+    done = run(names, cfg, echo=lines.append)
+  return cfg, done, "\n".join(lines)
 
 
 def _has_transformers() -> bool:
@@ -90,37 +99,66 @@ def test_methods_table(job):
   cfg, done, _ = job
   result = done["methods"]["result"]
   datasets = ["humaneval", "stdlib_docstrings"]
-  assert _header(result.markdown) == ["T", "method"] + [
+  assert _header(result.markdown) == ["T", "top-p", "method", "drafting"] + [
       f"{d} {w}" for d in datasets for w in ("tau", "speedup")] + ["mean tau", "mean speedup"]
   rows = _rows(result.markdown)
-  assert [(r[0], r[1]) for r in rows] == [(t, m) for t in ("0", "1") for m in METHODS]
-  assert all("±" in r[3] for r in rows)  # mean and spread over the timed passes
+  assert [tuple(r[:3]) for r in rows] == [(t, p, m) for t, p in (("0", "1"), ("0.7", "0.9"))
+                                          for m in METHODS]
+  # How each row drafted: greedy matching of top-k children at T = 0; at T > 0 EAGLE draws
+  # its children (its default, without replacement), verified by recursive rejection.
+  assert [r[3] for r in rows] == ["-", "top_k, greedy", "top_k, greedy",
+                                  "-", "top_k, recursive", "wor, recursive"]
+  assert all("±" in r[5] for r in rows)  # mean and spread over the timed passes
+  assert "'recursive', lossless" in result.markdown
   records = result.payload["records"]
   assert len(records) == 2 * len(datasets) * len(METHODS)
   for r in records:
     assert r["options"] is None  # the config's options, written as such
     assert len(r["speedup_repeats"]) == cfg.methods_table.timing_repeats
     assert r["new_tokens"] == cfg.num_prompts * cfg.max_new_tokens and r["tau"] >= 1.0
+    assert (r["temperature"], r["top_p"]) in {(0.0, 1.0), (0.7, 0.9)}
     if r["temperature"] == 0:
       assert r["matches_autoregressive"], r["method"]
   assert result.payload["differ"] == []
 
 
-def test_temperature_one_rows_follow_the_targets_law(job):
-  """Every T = 1 row is a method whose sampling the exact-law battery checks, and prompt
-  lookup, with the chain its row ran with, passes that battery on the tiny sampling target."""
-  from specjax.sampling import SamplingConfig
-  from tests import test_speculative as battery
-  from tests.helpers.exact_law import check_exact_law
+def test_sampling_table(job):
+  """Per learned drafter at T = 1, a row per children mode with tau and speedup under each rule:
+  k-sequential selection of top-k children is left out, with the reason; typical acceptance's
+  columns and records are marked LOSSY; each record names the children and rule it ran with."""
   _, done, _ = job
-  rows = [r for r in done["methods"]["result"].payload["records"] if r["temperature"] == 1]
+  result = done["sampling"]["result"]
+  assert _header(result.markdown) == ["drafter", "children"] + [
+      f"{rule} {w}" for rule in ("recursive", "kseq", "typical (LOSSY)")
+      for w in ("tau", "speedup")]
+  rows = _rows(result.markdown)
+  assert [tuple(r[:2]) for r in rows] == [("eagle", "top_k"), ("eagle", "iid")]
+  assert rows[0][4:6] == ["-", "-"] and "-" not in rows[1]
+  assert "- kseq: rule 'kseq' needs i.i.d. sampled children" in result.markdown
+  assert [(k["children"], k["rule"]) for k in result.payload["skipped"]] == [("top_k", "kseq")]
+  records = result.payload["records"]
+  assert sorted((r["children"], r["rule"], r["lossy"]) for r in records) == sorted([
+      ("top_k", "recursive", False), ("iid", "recursive", False), ("iid", "kseq", False),
+      ("top_k", "typical", True), ("iid", "typical", True)])
+  assert all(r["temperature"] == 1 and r["tau"] >= 1 for r in records)
+
+
+def test_sampled_rows_follow_the_targets_law(job):
+  """Every sampled row (T = 0.7, top-p 0.9) is a method whose sampling the exact-law battery
+  checks, and prompt lookup, with the chain its row ran with, passes that battery on the tiny
+  sampling target at that sampling."""
+  from tests import test_speculative as battery
+  from tests.helpers.exact_law import SAMPLINGS, check_exact_law
+  _, done, _ = job
+  rows = [r for r in done["methods"]["result"].payload["records"] if r["temperature"] > 0]
+  assert {(r["temperature"], r["top_p"]) for r in rows} == {(0.7, 0.9)}
   covered = {f for f in drafters.names() if any(n == f or n.startswith(f + "_")
                                                 for n in battery._SAMPLING_DRAFTERS)}
   assert {r["method"] for r in rows} - {"autoregressive"} <= covered
   nodes = next(r["draft_nodes"] for r in rows if r["method"] == "prompt_lookup")
   target = tt.sampling_target()
   drafter = drafters.build("prompt_lookup", target, num_tokens=nodes)
-  check_exact_law(target, drafter, "prompt_lookup", SamplingConfig(1.0), seed=20)
+  check_exact_law(target, drafter, "prompt_lookup", SAMPLINGS["T0.7_p0.9"], seed=20)
 
 
 def test_depth_table(job):
@@ -231,5 +269,5 @@ def test_every_table_has_its_config_in_the_jobs():
     assert table.name == name and f"{name}_table" in fields, name
     assert isinstance(ReproduceConfig().table(name), table.config), name
   cfg = apply_overrides(ReproduceConfig(), ["methods_table.temperatures=0,1",
-                                            "theory_table.lengths=2"])
+                                            "methods_table.top_p=1", "theory_table.lengths=2"])
   assert cfg.methods_table.temperatures == (0.0, 1.0) and cfg.theory_table.lengths == (2,)

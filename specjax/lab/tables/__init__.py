@@ -5,8 +5,11 @@
 A new table is a file beside these with its config and `TABLE = Table(...)`, its line below
 and its config's field in `specjax.lab.reproduce.ReproduceConfig`.
 
-  methods  tau and speedup of every method per dataset, T = 0 and T = 1, batch 1 (Spec-Bench /
-           EAGLE-3 layout); speedup is the mean and spread over `timing_repeats` passes
+  methods  tau and speedup of every method per dataset at T = 0, T = 0.7 with top-p 0.9 and
+           T = 1, batch 1 (Spec-Bench / EAGLE-3 layout), each row naming its children and rule;
+           speedup is the mean and spread over `timing_repeats` passes
+  sampling per learned drafter at T = 1: tau and speedup with top-k, i.i.d. and without-
+           replacement children under each acceptance rule (typical acceptance marked LOSSY)
   depth    acceptance rate by draft depth of every learned drafter
   theory   Leviathan et al.'s expected tokens per call (1 - a^(g+1)) / (1 - a) and expected
            speedup at the measured acceptance and costs, against the measured ones, chains g
@@ -18,7 +21,8 @@ and its config's field in `specjax.lab.reproduce.ReproduceConfig`.
 from __future__ import annotations
 
 from specjax.lab.session import Table
-from specjax.lab.tables import batch, budget, depth, methods, peers, theory
+from specjax.lab.tables import batch, budget, depth, methods, peers, sampling, theory
 
 TABLES: dict[str, Table] = {t.name: t for t in (
-    methods.TABLE, depth.TABLE, theory.TABLE, budget.TABLE, peers.TABLE, batch.TABLE)}
+    methods.TABLE, sampling.TABLE, depth.TABLE, theory.TABLE, budget.TABLE, peers.TABLE,
+    batch.TABLE)}
