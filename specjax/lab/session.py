@@ -87,6 +87,11 @@ class Session:
   def methods(self) -> list[str]:
     return methods_of(self.cfg, self.target)
 
+  def learned(self, methods: Sequence[str] = ()) -> list[str]:
+    """The drafters a table of learned drafters shows: its `methods`, or when it names none
+    every learned drafter of the run."""
+    return list(methods) or [m for m in self.methods() if is_learned(m, self.cfg)]
+
   def prompts(self, dataset: str, n: int | None = None) -> list[list[int]]:
     n = self.cfg.num_prompts if n is None else n
     if (dataset, n) not in self._prompts:

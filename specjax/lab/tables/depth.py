@@ -13,7 +13,6 @@ from specjax.lab.session import (
   Session,
   Table,
   check_methods,
-  is_learned,
   prompt_counts,
   public,
 )
@@ -27,17 +26,12 @@ class DepthTable:
     check_methods("depth_table.methods", self.methods, registry.families(), cfg)
 
 
-def learned(s: Session, t: DepthTable) -> list[str]:
-  """The drafters the table shows: its `methods`, or every learned drafter of the run."""
-  return list(t.methods) or [m for m in s.methods() if is_learned(m, s.cfg)]
-
-
 def units(s: Session, t: DepthTable) -> int:
-  return len(learned(s, t)) * sum(len(s.prompts(d)) for d in s.datasets)
+  return len(s.learned(t.methods)) * sum(len(s.prompts(d)) for d in s.datasets)
 
 
 def build(s: Session, t: DepthTable, out: str) -> Result:
-  methods = learned(s, t)
+  methods = s.learned(t.methods)
   if not methods:
     raise ValueError("no learned drafter in this run: name one with --set drafter.<family>=DIR "
                      "or --set depth_table.methods=...")

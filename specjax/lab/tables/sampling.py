@@ -27,7 +27,6 @@ from specjax.lab.session import (
   Session,
   Table,
   check_methods,
-  is_learned,
   prompt_counts,
   public,
 )
@@ -46,19 +45,14 @@ class SamplingTable:
     check_methods("sampling_table.methods", self.methods, registry.families(), cfg)
 
 
-def learned(s: Session, t: SamplingTable) -> list[str]:
-  """The drafters the table shows: its `methods`, or every learned drafter of the run."""
-  return list(t.methods) or [m for m in s.methods() if is_learned(m, s.cfg)]
-
-
 def units(s: Session, t: SamplingTable) -> int:
-  return (len(learned(s, t)) * len(t.rules) * (1 + len(t.children)) * t.timing_repeats
+  return (len(s.learned(t.methods)) * len(t.rules) * (1 + len(t.children)) * t.timing_repeats
           * len(s.prompts(s.first_dataset)))
 
 
 def build(s: Session, t: SamplingTable, out: str) -> Result:
   cfg, dataset = s.cfg, s.first_dataset
-  methods = learned(s, t)
+  methods = s.learned(t.methods)
   if not methods:
     raise ValueError("no learned drafter in this run: name one with --set drafter.<family>=DIR "
                      "or --set sampling_table.methods=...")
