@@ -30,6 +30,7 @@ import pytest
 
 import specjax
 from specjax import assets, decoding, drafters, rounds, sharding
+from specjax.children import Children
 from specjax.drafters import draft_lm
 from specjax.drafters.io import load_drafter
 from specjax.interop.hf import load_target
@@ -424,13 +425,23 @@ def test_embedded_default_identical_on_mesh(embedded_runs, name):
     assert ref.stats.tau > 2.0  # premise: the trained drafters' long paths are exercised
 
 
-@pytest.mark.parametrize("name", ["autoregressive", "prompt_lookup", "eagle"])
-def test_sampled_output_identical_across_meshes(tiny, name):
+# (method, its children, the rule): EAGLE draws its children without replacement by default.
+_SAMPLED_ON_MESHES = [("autoregressive", None, "recursive"), ("prompt_lookup", None, "recursive"),
+                      ("eagle", None, "recursive"), ("hydra", "iid", "kseq")]
+
+
+@pytest.mark.parametrize("name, children, rule", _SAMPLED_ON_MESHES)
+def test_sampled_output_identical_across_meshes(tiny, name, children, rule):
   """Temperature 0.8, top-p 0.9, a fixed seed: every mesh draws the same tokens (each row's
-  random stream depends on its index and the round only, and threefry is partitionable)."""
+  random stream depends on its index and the round only, and threefry is partitionable), for
+  sampled children under recursive rejection and under k-sequential selection alike. With the
+  exact-law battery on one device (tests/test_speculative.py, tests/test_sampled_children.py)
+  this gives the target's law on every mesh."""
   target, built = tiny
-  kwargs = dict(max_new_tokens=NEW, drafter=built[name], temperature=0.8, top_p=0.9, seed=11,
-                pad_to=PAD)
+  drafter = built[name] if children is None else built[name].replace(
+      children=Children(children))
+  kwargs = dict(max_new_tokens=NEW, drafter=drafter, temperature=0.8, top_p=0.9, seed=11,
+                pad_to=PAD, rule=rule)
   ref = specjax.generate(target, PROMPTS, **kwargs).tokens
   for spec in ("dp=2,tp=4", "dp=8,tp=1"):
     assert specjax.generate(target.on_mesh(spec), PROMPTS, **kwargs).tokens == ref, spec

@@ -6,8 +6,9 @@ What is checked:
      the stats agree with the tokens (tau, accepted_by_depth);
   2. sampling: the exact joint law of the first 3 tokens (x1 from the prefill, x2 and x3 from the
      speculative rounds, bonus tokens included) is enumerated from the target's forward over all
-     V^2 prefixes and compared with 24576 sampled rows by a Pearson chi-square test, for the
-     q-based chain rule, the recursive tree rule and the drafter-less baseline;
+     V^2 prefixes and compared with 12288-24576 sampled rows (as many as the test's power needs)
+     by a Pearson chi-square test, for the q-based chain rule, the recursive tree rule and the
+     drafter-less baseline;
   3. bad input and the edges of a round: vocab mismatch, unknown names, max_new_tokens or EOS in
      the middle of an accepted path, rows of a batch that stop early;
   4. `pad_to`.
@@ -33,6 +34,7 @@ from specjax.sampling import SamplingConfig, target_probs
 from specjax.trees import TreeTemplate
 from tests.helpers import tiny_targets as tt
 from tests.helpers.exact_law import (
+    FULL_BATTERY,
     SAMPLING_PROMPT,
     SAMPLINGS,
     check_exact_law,
@@ -372,18 +374,21 @@ _SAMPLING_DRAFTERS = {
 }
 
 
-# The drafters over a few ids plus the history's recent tokens choose their children as their
-# plain variants do, from another vocabulary: temperature and top-p processing, which both
-# samplings test on the plain ones, is the same code, so they run at the one that also cuts the
-# support (top-p).
+# The suite's cases: every drafter that is not a learned family at both samplings, and the
+# learned families' top-k trees (one-hot q, `Tree.draft` None) at one sampling each, one per
+# tree builder: a static template (Medusa), EAGLE-2's dynamic tree, DFlash's chain of marginals,
+# and DFlash's tree over a few ids plus the history's recent tokens at the sampling that also
+# cuts the support (top-p). The other families' builders, and Hydra's and EAGLE-3's reduced
+# vocabularies with recent tokens, run with sampled children in tests/test_sampled_children.py
+# (the same builders and verification rows); SPECJAX_FULL_BATTERY=1 runs every drafter here at
+# both samplings.
+_LEARNED_CASES = {"medusa": "T1", "eagle": "T1", "dflash_chain": "T0.7_p0.9",
+                  "dflash_recent": "T0.7_p0.9"}
+_LEARNED = ("medusa", "hydra", "hydra_recent", "eagle", "eagle_recent", "eagle3",
+            "eagle3_recent", "dflash_chain", "dflash_tree", "dflash_recent")
 _SAMPLING_CASES = [(name, sampling) for name in _SAMPLING_DRAFTERS for sampling in SAMPLINGS
-                   if not name.endswith("_recent") or sampling == "T0.7_p0.9"]
-# The learned families' top-k trees run at one sampling each (alternating): their sampled
-# children, which share the tree builders, run at both in tests/test_sampled_children.py.
-_LEARNED = ("medusa", "hydra", "eagle", "eagle3", "dflash_chain", "dflash_tree")
-_SAMPLING_CASES = [(name, sampling) for name, sampling in _SAMPLING_CASES
-                   if name not in _LEARNED
-                   or list(SAMPLINGS).index(sampling) == _LEARNED.index(name) % 2]
+                   if FULL_BATTERY or name not in _LEARNED
+                   or _LEARNED_CASES.get(name) == sampling]
 
 
 @pytest.fixture(scope="module")
@@ -413,12 +418,13 @@ def test_sampling_target_has_structure(sampling_target):
 @pytest.mark.slow
 @pytest.mark.parametrize("name, sampling", _SAMPLING_CASES)
 def test_sampling_matches_exact_law(sampling_target, sampling_drafters, name, sampling):
-  """24576 copies of one prompt, generated in ONE batched call with 3 new tokens (each row has its
+  """N copies of one prompt, generated in ONE batched call with 3 new tokens (each row has its
   own rng stream: independent draws): the joint counts of (x1, x2, x3) follow the exact law of
   the target (`exact_law`), by a Pearson chi-square test with cells of expected count < 5 pooled,
-  rejected at ALPHA = 1e-6 (Bonferroni: the 24 such tests here have a family-wise false-alarm
-  probability <= 2.4e-5). The test asserts its own power: >= 0.99 against a bias of
-  D = sum (r - p)^2 / p = 0.01 over the pooled cells (N = 24576 gives > 0.9999 here).
+  rejected at ALPHA = 1e-6 (Bonferroni: the 19 such tests here have a family-wise false-alarm
+  probability <= 1.9e-5). The test asserts its own power: >= 0.99 against a bias of
+  D = sum (r - p)^2 / p = 0.01 over the pooled cells; N is the fewest rows giving >= 0.999
+  (`rows_for`: 24576 at T = 1, 12288 under top-p 0.9, whose law has fewer cells).
 
   x1 comes from the prefill, x2 and x3 from the first round(s): accepted drafts or the bonus
   token, so rows that reject early test the residual draw. Cases: the q-based chain rule
@@ -434,9 +440,13 @@ def test_sampling_matches_exact_law(sampling_target, sampling_drafters, name, sa
   check_exact_law(sampling_target, sampling_drafters[name], name, SAMPLINGS[sampling], seed)
 
 
-# One processing each (compile time): the drafter-less baseline and prompt lookup's tree with
-# temperature and top-p, EAGLE's dynamic tree at temperature 1.
-_MESH_SAMPLING_CASES = (("none", "T0.7_p0.9"), ("eagle", "T1"), ("prompt_lookup", "T0.7_p0.9"))
+# The drafter-less baseline with temperature and top-p (the sampler's own sharding); with
+# SPECJAX_FULL_BATTERY=1 also prompt lookup's tree and EAGLE's dynamic one. That a sharded run
+# draws the very tokens of one device, for model-free and learned drafters and each rule, is
+# tests/test_sharding.py's `test_sampled_output_identical_across_meshes`: with the battery on
+# one device it gives the law on every mesh.
+_MESH_SAMPLING_CASES = (("none", "T0.7_p0.9"),) + (
+    (("eagle", "T1"), ("prompt_lookup", "T0.7_p0.9")) if FULL_BATTERY else ())
 
 
 @pytest.fixture(scope="module")
