@@ -169,15 +169,37 @@ def process_logits(logits: jax.Array, cfg: SamplingConfig) -> jax.Array:
     kth = jax.lax.top_k(x, cfg.top_k)[0][..., -1:]
     x = jnp.where(x < kth, -jnp.inf, x)  # ties with the k-th value are kept, as in HF
   if cfg.nucleus:
-    # HF: sort ascending, drop tokens whose cumulative probability is <= 1 - top_p, keep the top.
-    order = jnp.argsort(x, axis=-1)
-    sorted_x = jnp.take_along_axis(x, order, axis=-1)
-    cum = jnp.cumsum(jax.nn.softmax(sorted_x, axis=-1), axis=-1)
-    drop_sorted = cum <= cfg.drop_mass
-    drop_sorted = drop_sorted.at[..., -1].set(False)
-    drop = jnp.take_along_axis(drop_sorted, jnp.argsort(order, axis=-1), axis=-1)
-    x = jnp.where(drop, -jnp.inf, x)
+    x = jnp.where(nucleus_keeps(x, cfg.drop_mass), x, -jnp.inf)
   return x
+
+
+def nucleus_keeps(x: jax.Array, drop_mass) -> jax.Array:
+  """bool[..., V]: the tokens top-p keeps in each row of `[..., V]` float32 logits.
+
+  Top-p (transformers' TopPLogitsWarper) drops a token whose cumulative probability in ascending
+  order, c(x_i) = the mass of the tokens at or below it, is <= drop_mass = 1 - top_p, and keeps
+  the most likely token always. c rises with the token's probability, so the kept tokens are
+  those at or above the least probability tau with c(tau) > drop_mass, and tau is found by
+  bisection over the bit patterns of the probabilities (whose integer order is their order, as
+  they are >= 0): 31 masked sums over the row instead of a sort, which on CPU costs 100x more.
+  The predicate is transformers', with the mass of the tokens tied with a token counted with it
+  (a sort would split them by position: ties at the cut keep all of them here)."""
+  p = jax.nn.softmax(x, axis=-1)
+  bits = jax.lax.bitcast_convert_type(p, jnp.int32)
+
+  def cut_above(t):  # c(t) > drop_mass, for each row's candidate threshold t: int32[..., 1]
+    return jnp.sum(jnp.where(bits <= t, p, 0.0), axis=-1, keepdims=True) > drop_mass
+
+  def step(_, bounds):
+    lo, hi = bounds  # cut_above(lo) is false, cut_above(hi) true
+    mid = lo + (hi - lo) // 2
+    above = cut_above(mid)
+    return jnp.where(above, lo, mid), jnp.where(above, mid, hi)
+
+  lo = jnp.full(bits.shape[:-1] + (1,), -1, jnp.int32)  # no token at or below: c = 0
+  hi = jnp.max(bits, axis=-1, keepdims=True)  # every token: c = 1 > drop_mass
+  _, hi = jax.lax.fori_loop(0, 31, step, (lo, hi))  # hi - lo <= 2^31 halves to 1
+  return bits >= hi  # hi: tau's bits
 
 
 def target_probs(logits: jax.Array, cfg: SamplingConfig) -> jax.Array:

@@ -22,7 +22,7 @@ import transformers
 from safetensors.numpy import load_file, save_file
 
 import specjax
-from specjax import sharding
+from specjax import sampling, sharding
 from specjax.models import decoder
 from specjax.sampling import SamplingConfig, argmax, process_logits
 from tests.helpers.stats import pooled_chi_square
@@ -285,6 +285,34 @@ def test_process_logits_matches_transformers_warpers(cfg):
   np.testing.assert_array_equal(np.isfinite(ours), support)
   assert np.all(ours[~support] == -np.inf)
   np.testing.assert_allclose(ours[support], theirs[support], rtol=0, atol=1e-5)
+
+
+def test_top_p_keeps_what_the_sorted_definition_keeps():
+  """`nucleus_keeps` finds top-p's support by bisection, without a sort: on rows peaked, flat,
+  and cut by top-k first (-inf), it keeps exactly the tokens whose ascending cumulative
+  probability (float64, with a sort) exceeds 1 - top_p, and the top token always; tokens tied
+  at the cut are kept together (a sort would keep some of them by position)."""
+  rng = np.random.default_rng(3)
+  scales = np.array([0.3, 1.0, 3.0, 8.0])[:, None, None]
+  logits = (scales * rng.standard_normal((4, 64, 200))).reshape(256, 200).astype(np.float32)
+  logits[::3, :150] = -np.inf  # rows a top-k of 50 cut first
+  for top_p in (0.01, 0.5, 0.9, 0.99):
+    ours = np.asarray(sampling.nucleus_keeps(jnp.asarray(logits), 1.0 - top_p))
+    x = logits.astype(np.float64)
+    order = np.argsort(x, axis=-1)
+    p = np.exp(x - x.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    cum = np.cumsum(np.take_along_axis(p, order, -1), axis=-1)
+    keep_sorted = cum > 1.0 - top_p
+    keep_sorted[:, -1] = True
+    want = np.zeros_like(keep_sorted)
+    np.put_along_axis(want, order, keep_sorted, axis=-1)
+    clear = np.all(np.abs(cum - (1.0 - top_p)) > 1e-5, axis=-1)  # no cut within float rounding
+    assert clear.mean() > 0.9
+    np.testing.assert_array_equal(ours[clear], want[clear])
+  tied = np.asarray(process_logits(jnp.asarray([[0.0, 0.0, 0.0, 0.0, -1.0]]),
+                                   SamplingConfig(1.0, top_p=0.5)))
+  np.testing.assert_array_equal(np.isfinite(tied), [[True, True, True, True, False]])
 
 
 def test_process_logits_top_k_keeps_ties():
