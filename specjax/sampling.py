@@ -183,8 +183,12 @@ def nucleus_keeps(x: jax.Array, drop_mass) -> jax.Array:
   bisection over the bit patterns of the probabilities (whose integer order is their order, as
   they are >= 0): 31 masked sums over the row instead of a sort, which on CPU costs 100x more.
   The predicate is transformers', with the mass of the tokens tied with a token counted with it
-  (a sort would split them by position: ties at the cut keep all of them here)."""
+  (a sort would split them by position: ties at the cut keep all of them here). Under a mesh
+  that splits the vocabulary each row is gathered once first, so the 31 sums stay on a device
+  (each would otherwise be an all-reduce)."""
   p = jax.nn.softmax(x, axis=-1)
+  if p.ndim >= 2:
+    p = sharding.constrain(p, ("batch",) + (None,) * (p.ndim - 1))
   bits = jax.lax.bitcast_convert_type(p, jnp.int32)
 
   def cut_above(t):  # c(t) > drop_mass, for each row's candidate threshold t: int32[..., 1]
