@@ -425,9 +425,9 @@ def test_embedded_default_identical_on_mesh(embedded_runs, name):
     assert ref.stats.tau > 2.0  # premise: the trained drafters' long paths are exercised
 
 
-# (method, its children, the rule): EAGLE draws its children without replacement by default.
+# (method, its children (None: the default, i.i.d.), the rule).
 _SAMPLED_ON_MESHES = [("autoregressive", None, "recursive"), ("prompt_lookup", None, "recursive"),
-                      ("eagle", None, "recursive"), ("hydra", "iid", "kseq")]
+                      ("eagle", "wor", "recursive"), ("hydra", None, "kseq")]
 
 
 @pytest.mark.parametrize("name, children, rule", _SAMPLED_ON_MESHES)

@@ -78,7 +78,7 @@ def cell(value: float | None, spec: str, unreliable: bool, spread: float | None 
 
 def drafting(record: MethodRecord) -> str:
   """How a run drafted and verified, as its table's "drafting" column says: children and rule
-  ("wor, recursive"; at T = 0 "top_k, greedy"), LOSSY after a lossy rule, "-" without a drafter."""
+  ("iid, recursive"; at T = 0 "top_k, greedy"), LOSSY after a lossy rule, "-" without a drafter."""
   if record.children is None:
     return "-"
   return f"{record.children}, {record.rule}" + (" LOSSY" if record.lossy else "")

@@ -80,7 +80,7 @@ def test_benchmark_runs_and_reports(tmp_path, monkeypatch):
   assert [MethodRecord.from_json(r) for r in saved["records"]] == both
   assert list(saved["records"][0]) == RESULT_KEYS
   # At T = 0 a drafter drafts its top-k, matched greedily, whatever children it was built with
-  # (eagle3's default draws without replacement at T > 0); the records and the table say so.
+  # (eagle3's default draws i.i.d. children at T > 0); the records and the table say so.
   assert [(r.children, r.rule, r.lossy) for r in records] == [
       (None, None, False), ("top_k", "greedy", False), ("top_k", "greedy", False)]
   assert "| eagle3 | top_k, greedy |" in (tmp_path / "results.md").read_text()
@@ -139,12 +139,12 @@ def test_sampled_runs_name_their_drafting_and_mark_a_lossy_rule(tmp_path, monkey
               temperature=1.0, profile=False)
   with pytest.raises(ValueError, match=r"eagle with rule='kseq': rule 'kseq' needs i\.i\.d\. "
                                        r"sampled children .* children are 'wor'"):
-    run(BenchmarkConfig(**base, rule="kseq", out=str(tmp_path / "kseq")))
+    run(BenchmarkConfig(**base, rule="kseq", drafter_options=("eagle.children=wor",),
+                        out=str(tmp_path / "kseq")))
   assert calls == []
   out = tmp_path / "typical"
   with pytest.warns(verify.LossyRuleWarning, match="'typical' is LOSSY"):
-    records = run(BenchmarkConfig(**base, rule="typical", drafter_options=("eagle.children=iid",),
-                                  out=str(out)))
+    records = run(BenchmarkConfig(**base, rule="typical", out=str(out)))  # iid: the default
   assert [(r.children, r.rule, r.lossy) for r in records] == [
       (None, None, False), ("iid", "typical", True)]
   assert json.loads((out / "results.json").read_text())["records"][1]["lossy"] is True

@@ -105,9 +105,9 @@ def test_methods_table(job):
   assert [tuple(r[:3]) for r in rows] == [(t, p, m) for t, p in (("0", "1"), ("0.7", "0.9"))
                                           for m in METHODS]
   # How each row drafted: greedy matching of top-k children at T = 0; at T > 0 EAGLE draws
-  # its children (its default, without replacement), verified by recursive rejection.
+  # its children (its default, i.i.d.), verified by recursive rejection.
   assert [r[3] for r in rows] == ["-", "top_k, greedy", "top_k, greedy",
-                                  "-", "top_k, recursive", "wor, recursive"]
+                                  "-", "top_k, recursive", "iid, recursive"]
   assert all("±" in r[5] for r in rows)  # mean and spread over the timed passes
   assert "'recursive', lossless" in result.markdown
   records = result.payload["records"]
