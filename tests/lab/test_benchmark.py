@@ -113,7 +113,7 @@ def test_benchmark_without_phase_timings(tmp_path, monkeypatch):
     assert not any(key.startswith("t_") or key in ("ideal_speedup", "unreliable")
                    for key in r.to_json())
   table = (tmp_path / "out" / "results.md").read_text()
-  assert "| method | tau | tokens/s | speedup | target calls |\n" in table
+  assert "| method | drafting | tau | tokens/s | speedup | target calls |\n" in table
   assert "| prompt_lookup | " in table and "ms/round" not in table
   assert report.FOOTNOTE not in table
   assert os.path.exists(tmp_path / "out" / "speedup.png")
