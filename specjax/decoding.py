@@ -289,7 +289,7 @@ def prepare(target: Target, prompts, max_new_tokens: int, drafter: Drafter,
             pad_to: int | None = None, rule: verify.Rule | str | None = None) -> Prepared:
   """Validates a call's inputs and builds its program's spec and arguments (`Prepared`)."""
   cfg = target.config
-  rule = verify.rule_of(rule, warn=False)
+  rule = verify.rule_of(rule)
   max_new_tokens = checks.integer("max_new_tokens", max_new_tokens, lo=1)
   seed = checks.integer("seed", seed)
   if not 0 <= seed < SEED_LIMIT:

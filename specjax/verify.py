@@ -113,17 +113,15 @@ class Rule:
 RECURSIVE = Rule()
 
 
-def rule_of(rule: Rule | str | None, *, warn: bool = True) -> Rule:
-  """A `Rule` from a rule or its name (None: recursive rejection); warns for a lossy one, unless
-  not `warn` (a caller for whom it decides nothing: `warn_if_lossy` then, when it does)."""
+def rule_of(rule: Rule | str | None) -> Rule:
+  """A `Rule` from a rule or its name (None: recursive rejection). Its caller warns of a lossy
+  one where it decides the output (`warn_if_lossy`)."""
   if rule is None:
     return RECURSIVE
   if isinstance(rule, str):
     rule = Rule(rule)
   if not isinstance(rule, Rule):
     raise ValueError(f"rule must be one of {list(RULES)} or a specjax.verify.Rule, got {rule!r}")
-  if warn:
-    warn_if_lossy(rule, stacklevel=4)
   return rule
 
 
